@@ -1,0 +1,3 @@
+"""miniswe: a text-protocol coding agent."""
+
+__version__ = "0.1.0"

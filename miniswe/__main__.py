@@ -1,0 +1,3 @@
+from miniswe.cli import main
+
+main()

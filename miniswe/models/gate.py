@@ -1,0 +1,44 @@
+"""One gate per endpoint, shared by every client of a batch: a cap on calls in flight and a common pause.
+
+When any client is told to slow down (429, Retry-After), all of them wait out the same pause instead
+of each hammering the endpoint on its own schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+
+class CallGate:
+    def __init__(self, max_concurrent: int = 0):
+        self._slots = threading.BoundedSemaphore(max_concurrent) if max_concurrent > 0 else None
+        self._lock = threading.Lock()
+        self._resume_at = 0.0
+        self.cancelled = threading.Event()
+
+    def pause(self, seconds: float) -> None:
+        """Hold every caller back for at least `seconds` from now."""
+        with self._lock:
+            self._resume_at = max(self._resume_at, time.monotonic() + seconds)
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep unless cancelled first; True when cancelled."""
+        return self.cancelled.wait(seconds)
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        while True:
+            with self._lock:
+                delay = self._resume_at - time.monotonic()
+            if delay <= 0:
+                break
+            if self.wait(delay):
+                break
+        if self._slots is None:
+            yield
+            return
+        with self._slots:
+            yield

@@ -1,0 +1,186 @@
+"""OpenAI-compatible chat completions over requests: vLLM, llama.cpp, Ollama, OpenRouter and most vendors.
+
+Transient failures (connection errors, timeouts, 408/409/425/429, 5xx, malformed JSON) are retried
+with Fibonacci backoff and jitter, honouring Retry-After; requests the server refuses fail at once.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import requests
+
+from miniswe import __version__
+from miniswe.config import ModelConfig
+from miniswe.errors import ConfigError, ModelError
+from miniswe.models import Reply, Usage
+from miniswe.models.gate import CallGate
+
+RETRY_STATUSES = {408, 409, 425, 429}
+FIXES = {
+    400: "check model.params and the model's context length",
+    401: "set {key} to a valid API key",
+    403: "check that {key} may use this model",
+    404: "check --base-url (it usually ends in /v1) and --model",
+}
+
+
+def fibonacci_delays(cap: float):
+    a, b = 1.0, 1.0
+    while True:
+        yield min(a, cap)
+        a, b = b, a + b
+
+
+class _Transient(Exception):
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class OpenAIModel:
+    def __init__(self, config: ModelConfig, gate: CallGate | None = None):
+        if not config.base_url:
+            raise ConfigError(
+                "no model endpoint configured: pass --base-url URL (or set OPENAI_BASE_URL), "
+                "or run the offline demo with `miniswe demo`"
+            )
+        if not config.name:
+            raise ConfigError("no model name: pass -m MODEL (or set model.name)")
+        self.config = config
+        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.gate = gate or CallGate()
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = f"miniswe/{__version__}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
+
+    def complete(self, messages: Sequence[dict[str, str]]) -> Reply:
+        body = {
+            "model": self.config.name,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "temperature": self.config.temperature,
+            **self.config.params,
+        }
+        delays = fibonacci_delays(self.config.max_backoff)
+        retries = 0
+        while True:
+            started = time.monotonic()
+            try:
+                with self.gate.slot():
+                    data = self._post(body)
+                reply = self._reply(data)
+                reply.latency_s = time.monotonic() - started
+                reply.retries = retries
+                return reply
+            except _Transient as error:
+                if retries >= self.config.retries:
+                    raise self._error(f"{error} (gave up after {retries + 1} attempts)", retries) from None
+                delay = next(delays) * random.uniform(1.0, 1.25)
+                if error.retry_after is not None:
+                    self.gate.pause(error.retry_after)
+                    delay = max(delay, error.retry_after)
+                retries += 1
+                if self.gate.wait(delay):
+                    raise self._error("model call cancelled", retries) from None
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {}
+        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        try:
+            response = self.session.post(
+                self.url, json=body, headers=headers, timeout=(self.config.connect_timeout, self.config.timeout)
+            )
+        except requests.Timeout:
+            raise _Transient(f"{self.url}: no answer within {self.config.timeout:g}s") from None
+        except requests.ConnectionError as error:
+            raise _Transient(f"cannot reach {self.url}: {_reason(error)}") from None
+        if response.status_code in RETRY_STATUSES or response.status_code >= 500:
+            raise _Transient(
+                f"{self.url} answered {response.status_code}: {_server_message(response)}",
+                _retry_after(response.headers.get("Retry-After")),
+            )
+        if response.status_code >= 400:
+            fix = FIXES.get(response.status_code, "check the request settings").format(key=self.config.api_key_env)
+            raise self._error(f"{self.url} answered {response.status_code}: {_server_message(response)}; {fix}", 0)
+        try:
+            data = response.json()
+            data["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise _Transient(f"{self.url} sent a malformed reply: {response.text[:120]!r}") from None
+        return data
+
+    def _reply(self, data: dict[str, Any]) -> Reply:
+        choice = data["choices"][0]
+        message = choice["message"] or {}
+        raw = data.get("usage") or {}
+        details = raw.get("prompt_tokens_details") or {}
+        usage = Usage(
+            prompt_tokens=int(raw.get("prompt_tokens") or 0),
+            completion_tokens=int(raw.get("completion_tokens") or 0),
+            cached_tokens=int(details.get("cached_tokens") or raw.get("cached_tokens") or 0),
+        )
+        usage.total_tokens = int(raw.get("total_tokens") or usage.prompt_tokens + usage.completion_tokens)
+        usage.cost = float(raw["cost"]) if raw.get("cost") is not None else self._price(usage)
+        return Reply(
+            content=message.get("content") or "",
+            reasoning=message.get("reasoning_content") or message.get("reasoning"),
+            finish_reason=choice.get("finish_reason"),
+            usage=usage,
+        )
+
+    def _price(self, usage: Usage) -> float:
+        prices = self.config.prices
+        if not prices:
+            return 0.0
+        uncached = usage.prompt_tokens - usage.cached_tokens
+        cached_price = prices.get("cached", prices.get("prompt", 0.0))
+        return (
+            uncached * prices.get("prompt", 0.0)
+            + usage.cached_tokens * cached_price
+            + usage.completion_tokens * prices.get("completion", 0.0)
+        ) / 1e6
+
+    def _error(self, message: str, retries: int) -> ModelError:
+        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
+        if key:
+            message = message.replace(key, "***")
+        error = ModelError(message)
+        error.retries = retries
+        return error
+
+
+def _server_message(response: requests.Response) -> str:
+    try:
+        error = response.json().get("error")
+        text = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        text = None
+    text = " ".join(str(text or response.text or response.reason or "").split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+def _reason(error: requests.ConnectionError) -> str:
+    text = str(error.args[0] if error.args else error)
+    for hint in ("Connection refused", "Name or service not known", "timed out", "Connection reset", "Remote end closed"):
+        if hint in text:
+            return hint.lower()
+    return text[:160]
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None

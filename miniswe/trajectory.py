@@ -1,0 +1,111 @@
+"""The trajectory file: one JSON document per run, rewritten atomically after every step.
+
+Each message and step is serialised once, when it is added, so saving step 300 costs about what
+saving step 3 did. `load` validates the format and upgrades older versions in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+from miniswe import __version__
+from miniswe.errors import TrajectoryError
+
+FORMAT = "miniswe-trajectory"
+VERSION = 1
+# UPGRADES[n] turns a version-n document into version n+1.
+UPGRADES: dict[int, Any] = {}
+
+USAGE_KEYS = ("model_calls", "retries", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "cost")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+
+
+class Trajectory:
+    def __init__(self, path: str, *, task: str, config: dict[str, Any], environment: dict[str, Any], metadata: dict[str, Any] | None = None):
+        self.path = path
+        self.data: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "miniswe_version": __version__,
+            "task": task,
+            "exit_status": None,
+            "exit_detail": None,
+            "submission": None,
+            "usage": dict.fromkeys(USAGE_KEYS, 0) | {"cost": 0.0},
+            "timing": {"started": _now(), "ended": None, "wall_s": None},
+            "config": config,
+            "environment": environment,
+            "model": {},
+            "metadata": metadata or {},
+        }
+        self.messages: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self._messages_json: list[str] = []
+        self._steps_json: list[str] = []
+        self._started = time.monotonic()
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as error:
+            raise TrajectoryError(f"cannot create {directory} for the trajectory: {error.strerror}") from None
+
+    def add_message(self, role: str, content: str, **extras: Any) -> None:
+        message = {"role": role, "content": content, "timestamp": _now(), **{k: v for k, v in extras.items() if v is not None}}
+        self.messages.append(message)
+        self._messages_json.append(json.dumps(message, ensure_ascii=False))
+
+    def add_step(self, step: dict[str, Any]) -> None:
+        self.steps.append(step)
+        self._steps_json.append(json.dumps(step, ensure_ascii=False))
+
+    def finish(self, status: str, detail: str | None = None, submission: str | None = None) -> None:
+        self.data.update(exit_status=str(status), exit_detail=detail, submission=submission)
+        self.data["timing"].update(ended=_now(), wall_s=round(time.monotonic() - self._started, 3))
+
+    def save(self) -> None:
+        """Write the whole document to a temp file and rename it over the old one: never half a file."""
+        head = json.dumps(self.data, ensure_ascii=False)[:-1]
+        text = "".join(
+            (head, ', "messages": [', ",\n".join(self._messages_json), '], "steps": [', ",\n".join(self._steps_json), "]}\n")
+        )
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=".traj-", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+def load(path: str) -> dict[str, Any]:
+    """Read a trajectory, validating its format and upgrading an older version to the current one."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as error:
+        raise TrajectoryError(f"{path}: cannot read trajectory: {error.strerror}") from None
+    except ValueError as error:
+        raise TrajectoryError(f"{path}: not valid JSON ({error}); is it a trajectory file?") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("trajectory_format") if isinstance(data, dict) else type(data).__name__
+        raise TrajectoryError(f"{path}: not a miniswe trajectory (found format {found!r})")
+    version = data.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise TrajectoryError(f"{path}: bad trajectory version {version!r}")
+    if version > VERSION:
+        raise TrajectoryError(f"{path} was written by a newer miniswe (format {version} > {VERSION}); upgrade miniswe")
+    while data["version"] < VERSION:
+        data = UPGRADES[data["version"]](data)
+    return data
