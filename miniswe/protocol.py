@@ -132,7 +132,7 @@ def submission(output: str, returncode: int | None, marker: str = DEFAULT_SUBMIT
     """The submitted text when a command's output starts with the submit marker and it exited 0."""
     if returncode != 0:
         return None
-    first, _, rest = output.lstrip("\n").partition("\n")
+    first, _, rest = output.partition("\n")
     if first.strip() != marker:
         return None
     return rest

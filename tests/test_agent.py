@@ -1,0 +1,157 @@
+"""The step loop through run_task with the scripted model and the real local environment: every exit status."""
+
+import json
+
+import pytest
+
+from miniswe.config import load_config
+from miniswe.runner import run_task
+from miniswe.status import ExitStatus
+
+F = "```"
+
+
+def act(command: str, thought: str = "THOUGHT: next.") -> str:
+    return f"{thought}\n\n{F}bash\n{command}\n{F}\n"
+
+
+SUBMIT = act("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && printf 'the patch'")
+
+
+def run(tmp_path, replies, *overrides, **kwargs):
+    script = tmp_path / "replies.json"
+    script.write_text(json.dumps(replies))
+    config = load_config("model.kind=scripted", f"model.script={script}", f"environment.cwd={tmp_path}", *overrides)
+    path = tmp_path / "t.traj.json"
+    result = run_task(config, "fix it", str(path), **kwargs)
+    return result, json.loads(path.read_text())
+
+
+def test_submitted_with_submission_and_full_record(tmp_path):
+    result, data = run(tmp_path, [act("echo hello > f.txt && cat f.txt"), SUBMIT])
+    assert result.outcome.status is ExitStatus.SUBMITTED
+    assert data["exit_status"] == "Submitted" and data["submission"] == "the patch"
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
+    first = data["steps"][0]
+    assert first == {"step": 1, "command": "echo hello > f.txt && cat f.txt", "format_error": None, "returncode": 0,
+                     "timed_out": False, "output": "hello\n", "output_chars": 6, "duration_s": first["duration_s"]}
+    assert "<returncode>0</returncode>" in data["messages"][3]["content"] and "hello" in data["messages"][3]["content"]
+    assert data["usage"]["model_calls"] == 2 and data["usage"]["total_tokens"] > 0
+    assert data["messages"][2]["step"] == 1 and "usage" in data["messages"][2]
+    assert (tmp_path / "f.txt").exists()
+
+
+def test_step_limit(tmp_path):
+    result, data = run(tmp_path, [act("true")] * 5, "agent.step_limit=3")
+    assert data["exit_status"] == "LimitsExceeded" and "step_limit" in data["exit_detail"]
+    assert len(data["steps"]) == 3
+
+
+def test_token_limit(tmp_path):
+    replies = [{"content": act("true"), "usage": {"total_tokens": 600}}] * 5
+    result, data = run(tmp_path, replies, "agent.token_limit=1000")
+    assert data["exit_status"] == "LimitsExceeded" and "token_limit" in data["exit_detail"]
+    assert data["usage"]["model_calls"] == 2
+
+
+def test_cost_limit(tmp_path):
+    replies = [{"content": act("true"), "cost": 0.3}] * 10
+    result, data = run(tmp_path, replies, "agent.cost_limit=1")
+    assert data["exit_status"] == "LimitsExceeded" and "cost_limit" in data["exit_detail"]
+    assert data["usage"]["model_calls"] == 4 and data["usage"]["cost"] == pytest.approx(1.2)
+
+
+def test_time_limit_interrupts_a_running_command(tmp_path):
+    import time
+
+    started = time.monotonic()
+    result, data = run(tmp_path, [act("sleep 30")], "agent.time_limit=1", "environment.timeout=20")
+    assert time.monotonic() - started < 5
+    assert data["exit_status"] == "TimeExceeded"
+    assert data["steps"][0]["timed_out"] is True
+
+
+def test_command_timeout_is_reported_and_the_run_goes_on(tmp_path):
+    result, data = run(tmp_path, [act("echo partial; sleep 30"), SUBMIT], "environment.timeout=0.5")
+    assert data["exit_status"] == "Submitted"
+    assert data["steps"][0]["timed_out"] and data["steps"][0]["output"] == "partial\n"
+    observation = data["messages"][3]["content"]
+    assert "killed after 0.5 seconds" in observation and "partial" in observation
+
+
+def test_format_errors_get_guidance_and_reset_on_a_valid_reply(tmp_path):
+    replies = ["no block here", act("true"), f"{F}bash\nls\n{F}\n{F}bash\npwd\n{F}", SUBMIT]
+    result, data = run(tmp_path, replies)
+    assert data["exit_status"] == "Submitted"
+    assert [s["format_error"] for s in data["steps"]] == ["no_action", None, "several_actions", None]
+    assert data["steps"][0]["command"] is None
+    guidance = data["messages"][3]["content"]
+    assert "no ```bash block" in guidance and "2 more malformed replies" in guidance
+    assert "Put only ONE" in data["messages"][7]["content"]
+
+
+def test_repeated_format_errors_end_the_run(tmp_path):
+    replies = ["nothing", {"content": f"{F}bash\nls", "finish_reason": "length"}, f"{F}bash\n\n{F}", SUBMIT]
+    result, data = run(tmp_path, replies)
+    assert data["exit_status"] == "RepeatedFormatError"
+    assert [s["format_error"] for s in data["steps"]] == ["no_action", "truncated", "empty_action"]
+
+
+def test_truncated_reply_is_a_format_error_even_with_a_closed_block(tmp_path):
+    replies = [{"content": act("rm -rf important"), "finish_reason": "length"}, SUBMIT]
+    (tmp_path / "important").mkdir()
+    result, data = run(tmp_path, replies)
+    assert data["steps"][0]["format_error"] == "truncated"
+    assert (tmp_path / "important").exists()
+
+
+def test_model_error_is_recorded(tmp_path):
+    result, data = run(tmp_path, [act("true")])
+    assert data["exit_status"] == "ModelError" and "no reply left for call 2" in data["exit_detail"]
+    assert len(data["steps"]) == 1
+
+
+def test_sandbox_error_when_the_environment_cannot_start(tmp_path):
+    result, data = run(tmp_path, [SUBMIT], f"environment.cwd={tmp_path}/missing")
+    assert data["exit_status"] == "SandboxError" and "not a directory" in data["exit_detail"]
+
+
+def test_unexpected_error_keeps_its_traceback(tmp_path):
+    def explode(step, reply):
+        raise RuntimeError("observer bug")
+
+    result, data = run(tmp_path, [act("true"), SUBMIT], on_step=explode)
+    assert data["exit_status"] == "Error" and "RuntimeError: observer bug" in data["exit_detail"]
+    assert "Traceback" in data["exit_detail"]
+
+
+def test_output_view_is_bounded_but_trajectory_keeps_more(tmp_path):
+    result, data = run(tmp_path, [act("seq 1 20000"), SUBMIT], "agent.output_limit=1000")
+    step = data["steps"][0]
+    full = "".join(f"{i}\n" for i in range(1, 20001))
+    assert step["output"] == full and step["output_chars"] == len(full)
+    observation = data["messages"][3]["content"]
+    assert len(observation) < 1600
+    assert observation.count("\n") < 500 and "20000" in observation and "\n1\n" in observation
+    assert f"{len(full) - 1000} in the middle are not shown" in observation
+
+
+def test_reasoning_is_kept_not_sent_back(tmp_path):
+    replies = [{"content": "<think>hidden plan</think>THOUGHT: go\n" + f"{F}bash\ntrue\n{F}", "reasoning": "chain"}, SUBMIT]
+    result, data = run(tmp_path, replies)
+    assert data["messages"][2]["reasoning"] == "chain"
+    assert "<think>hidden plan</think>" in data["messages"][2]["content"]
+    assert data["exit_status"] == "Submitted"
+
+
+def test_setup_failure_is_setup_error_and_eval_marks_resolved(tmp_path):
+    result, data = run(tmp_path, [SUBMIT], setup=["exit 4"])
+    assert data["exit_status"] == "SetupError" and "exited 4" in data["exit_detail"]
+    result, data = run(tmp_path, [act("touch fixed"), SUBMIT], setup=["rm -f fixed"], evaluate=["test -f fixed"])
+    assert data["exit_status"] == "Submitted" and result.resolved is True and data["resolved"] is True
+
+
+def test_secret_looking_env_values_are_masked(tmp_path):
+    result, data = run(tmp_path, [SUBMIT], "environment.env={GITHUB_TOKEN: s3cr3t, MODE: fast}")
+    assert data["config"]["environment"]["env"] == {"GITHUB_TOKEN": "***", "MODE": "fast"}
+    assert "s3cr3t" not in json.dumps(data)
