@@ -1,0 +1,321 @@
+"""Scripted OpenAI-compatible chat completions server for tests and benchmarks (stdlib only).
+
+Use ScriptedServer in-process, or run `python tests/openai_server.py --script replies.json --port-file F`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
+MODELS_PATHS = ("/v1/models", "/models")
+EXHAUSTED = {"status": 500, "body": {"error": {"message": "script exhausted", "type": "server_error"}}}
+ITEM_HELP = """\
+Script: a JSON (or .yaml/.yml) list of items, served one per chat completion request.
+  "text"                          normal 200 reply with that content
+  {"content", "reasoning_content", "reasoning", "finish_reason", "usage", "cost", "cached_tokens"}
+  {"status": 429, "retry_after": 2}   error with Retry-After; {"status": N, "body": {...}} custom body
+  {"broken_json": true}  truncated 200 body    {"close": true}  drop the connection
+  {"stall": S} / {"latency": S}  sleep S seconds before answering
+A JSON object {"replies": [...], "default": item} is accepted too.
+"""
+
+
+class Headers(dict):
+    """Header dict with lower-cased keys and case-insensitive lookups."""
+
+    def __init__(self, items=()):
+        super().__init__((k.lower(), v) for k, v in items)
+
+    def __getitem__(self, key):
+        return super().__getitem__(key.lower())
+
+    def __contains__(self, key):
+        return super().__contains__(key.lower())
+
+    def get(self, key, default=None):
+        return super().get(key.lower(), default)
+
+
+def load_replies(path):
+    """Read a list of items from JSON, or from YAML when the file ends in .yaml/.yml."""
+    text = Path(path).read_text(encoding="utf-8")
+    if str(path).endswith((".yaml", ".yml")):
+        import yaml  # optional: only YAML scripts need it
+
+        return yaml.safe_load(text) or []
+    return json.loads(text)
+
+
+def _text_len(content):
+    if content is None:
+        return 0
+    return len(content) if isinstance(content, str) else len(json.dumps(content))
+
+
+def _error(status, message):
+    return {"error": {"message": message, "type": "scripted_error", "code": status}}
+
+
+def completion(item, request, seq):
+    """Build a chat.completion object for a reply item (a string or a dict with "content")."""
+    if isinstance(item, str):
+        item = {"content": item}
+    request = request if isinstance(request, dict) else {}
+    messages = request.get("messages")
+    messages = messages if isinstance(messages, list) else []
+    content = item.get("content", "")
+    message = {"role": "assistant", "content": content}
+    for key in ("reasoning_content", "reasoning"):
+        if key in item:
+            message[key] = item[key]
+    prompt = sum(_text_len(m.get("content")) for m in messages if isinstance(m, dict)) // 4
+    usage = {"prompt_tokens": prompt, "completion_tokens": _text_len(content) // 4 + 1}
+    if "cached_tokens" in item:
+        usage["prompt_tokens_details"] = {"cached_tokens": item["cached_tokens"]}
+    if "cost" in item:
+        usage["cost"] = item["cost"]  # OpenRouter reports spend here
+    usage.update(item.get("usage") or {})
+    usage.setdefault("total_tokens", usage["prompt_tokens"] + usage["completion_tokens"])
+    return {
+        "id": f"chatcmpl-scripted-{seq}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.get("model") or "scripted-model",
+        "choices": [{"index": 0, "message": message, "finish_reason": item.get("finish_reason", "stop")}],
+        "usage": usage,
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, like a real API behind requests.Session
+    disable_nagle_algorithm = True  # otherwise delayed ACKs add ~40 ms to keep-alive round trips
+
+    def log_message(self, format, *args):
+        pass
+
+    def do_GET(self):
+        self._handle()
+
+    def do_POST(self):
+        self._handle()
+
+    def _handle(self):
+        # Always drain the body so the next request on this connection parses cleanly.
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length).decode("utf-8", "replace") if length else ""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw
+        scripted = self.server.scripted
+        scripted._record({"method": self.command, "path": self.path, "headers": Headers(self.headers.items()), "body": body})
+        path = urlsplit(self.path).path.rstrip("/")
+        if self.command == "POST" and path in CHAT_PATHS:
+            self._chat(scripted, body)
+        elif self.command == "GET" and path in MODELS_PATHS:
+            scripted._sleep(scripted.latency)
+            self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model", "owned_by": "scripted"}]})
+        else:
+            self._send(404, _error(404, f"no route for {self.command} {path}"))
+
+    def _chat(self, scripted, request):
+        item, seq = scripted._next()
+        spec = item if isinstance(item, dict) else {}
+        scripted._sleep(scripted.latency + spec.get("latency", 0) + spec.get("stall", 0))
+        if spec.get("close"):
+            self.close_connection = True  # drop the socket without writing a response
+            return
+        status = spec.get("status", 200)
+        headers = {}
+        if "retry_after" in spec:
+            headers["Retry-After"] = str(spec["retry_after"])
+        if "body" in spec:
+            payload = spec["body"]
+        elif status >= 400:
+            payload = _error(status, f"scripted HTTP {status}")
+        else:
+            payload = completion(item, request, seq)
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        if spec.get("broken_json"):
+            data = data[: len(data) // 2]
+        self._send(status, data, headers)
+
+    def _send(self, status, payload, headers=None):
+        data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, scripted):
+        self.scripted = scripted
+        self.connections = set()
+        self.connections_lock = threading.Lock()
+        super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address):
+        with self.connections_lock:
+            self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        with self.connections_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def handle_error(self, request, client_address):
+        # Clients hanging up (timeouts, stop()) are expected; only real bugs deserve a traceback.
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
+
+class ScriptedServer:
+    """Serves queued reply items in FIFO order; item formats are listed in ITEM_HELP."""
+
+    def __init__(self, replies=None, latency=0.0, default=None, host="127.0.0.1", port=0, requests_log=None):
+        self.latency = latency
+        self.default = default
+        self.host = host
+        self.requests_log = requests_log
+        self._port = port
+        self._queue = collections.deque(replies or ())
+        self._requests = []
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._stopping = threading.Event()
+        self._httpd = None
+        self._thread = None
+
+    @property
+    def port(self):
+        if self._httpd is None:
+            raise RuntimeError("server not started")
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self):
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def requests(self):
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def pending(self):
+        with self._lock:
+            return len(self._queue)
+
+    def push(self, *items):
+        with self._lock:
+            self._queue.extend(items)
+
+    def start(self):
+        self._stopping.clear()
+        self._httpd = _HTTPServer((self.host, self._port), self)
+        # A short poll interval keeps stop() fast; the idle wakeups cost nothing measurable.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        if self._httpd is None:
+            return
+        self._stopping.set()  # wakes handlers sleeping on latency/stall
+        self._httpd.shutdown()
+        # Idle keep-alive connections would otherwise keep being served after stop().
+        with self._httpd.connections_lock:
+            connections = list(self._httpd.connections)
+        for conn in connections:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._httpd.server_close()
+        self._thread.join()
+        self._port = self._httpd.server_address[1]  # a restart reuses the same port
+        self._httpd = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _sleep(self, seconds):
+        if seconds > 0:
+            self._stopping.wait(seconds)
+
+    def _next(self):
+        with self._lock:
+            self._seq += 1
+            if self._queue:
+                return self._queue.popleft(), self._seq
+            return (EXHAUSTED if self.default is None else self.default), self._seq
+
+    def _record(self, entry):
+        with self._lock:
+            self._requests.append(entry)
+            if self.requests_log:
+                with open(self.requests_log, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(entry) + "\n")
+
+
+def serve(replies=None, **kw):
+    """Return a started ScriptedServer; call .stop() (or use it as a context manager) when done."""
+    return ScriptedServer(replies, **kw).start()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, epilog=ITEM_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--script", help="JSON/YAML file with the list of reply items")
+    parser.add_argument("--port-file", help="write the chosen port here once listening")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
+    parser.add_argument("--default", help="reply content once the script is exhausted (default: HTTP 500)")
+    parser.add_argument("--requests-log", help="append each received request as a JSON line")
+    args = parser.parse_args(argv)
+
+    script = load_replies(args.script) if args.script else []
+    default = args.default
+    if isinstance(script, dict):
+        default = script.get("default", default)
+        script = script.get("replies", [])
+    server = ScriptedServer(script, latency=args.latency, default=default, port=args.port, requests_log=args.requests_log)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    server.start()
+    try:
+        if args.port_file:
+            # Write then rename so a polling reader never sees a half-written port.
+            tmp = f"{args.port_file}.tmp"
+            Path(tmp).write_text(str(server.port))
+            os.replace(tmp, args.port_file)
+        print(server.port, flush=True)
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""`miniswe run` as a user runs it: a real subprocess against a scripted server on 127.0.0.1."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd
+
+SENTINEL = "sk-sentinel-9f8e7d6c5b4a"
+
+
+def endpoint(server):
+    return ["--base-url", server.base_url, "-m", "test-model"]
+
+
+def traj(tmp_path):
+    return json.loads((tmp_path / "t.json").read_text())
+
+
+def test_submitted_run_exits_0_and_shows_each_step(cli, server, tmp_path):
+    server.push(act("echo hello-from-step-one", "THOUGHT: say hello"), SUBMIT)
+    result = cli("run", "Say hello", *endpoint(server), "-o", "t.json")
+    assert result.returncode == 0, result.stderr
+    assert "say hello" in result.stdout and "hello-from-step-one" in result.stdout and "rc=0" in result.stdout
+    final = result.stdout.strip().splitlines()[-1]
+    assert final.startswith("Submitted · 2 steps") and final.endswith("t.json")
+    data = traj(tmp_path)
+    assert data["exit_status"] == "Submitted" and data["submission"] == "the patch"
+    body = server.requests[0]["body"]
+    assert body["model"] == "test-model" and body["temperature"] == 0.0
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert "Say hello" in body["messages"][1]["content"]
+    assert server.requests[0]["headers"]["user-agent"].startswith("miniswe/")
+
+
+def test_quiet_prints_only_the_final_line(cli, server):
+    server.push(SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-q", "-o", "t.json")
+    assert result.returncode == 0
+    assert result.stdout.count("\n") == 1 and result.stdout.startswith("Submitted")
+
+
+def test_not_submitted_exits_1(cli, server, tmp_path):
+    server.push(act("true"), act("true"))
+    result = cli("run", "x", *endpoint(server), "--step-limit", "2", "-o", "t.json")
+    assert result.returncode == 1
+    assert traj(tmp_path)["exit_status"] == "LimitsExceeded"
+    assert "step_limit" in result.stderr
+
+
+def test_api_key_is_sent_but_never_recorded_or_printed(cli, server, tmp_path):
+    server.push(act(f"echo key-is-${{#OPENAI_API_KEY}}-chars"), {"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {SENTINEL}"}}})
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", env={"OPENAI_API_KEY": SENTINEL})
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {SENTINEL}"
+    assert result.returncode == 3
+    assert "401" in result.stderr and "set OPENAI_API_KEY" in result.stderr
+    for text in (result.stdout, result.stderr, (tmp_path / "t.json").read_text()):
+        assert SENTINEL not in text
+    assert traj(tmp_path)["exit_status"] == "ModelError"
+
+
+def test_no_authorization_header_without_a_key(cli, server):
+    server.push(SUBMIT)
+    cli("run", "x", *endpoint(server), "-o", "t.json")
+    assert "authorization" not in server.requests[0]["headers"]
+
+
+def test_retries_transient_failures_then_succeeds(cli, server, tmp_path):
+    server.push({"status": 500}, {"broken_json": True}, {"status": 429, "retry_after": 0}, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.max_backoff=0.05")
+    assert result.returncode == 0, result.stderr
+    assert len(server.requests) == 4
+    usage = traj(tmp_path)["usage"]
+    assert usage["model_calls"] == 1 and usage["retries"] == 3
+
+
+def test_retry_after_is_honoured(cli, server):
+    server.push({"status": 429, "retry_after": 1.5}, SUBMIT)
+    started = time.monotonic()
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.max_backoff=0.05")
+    assert result.returncode == 0
+    assert len(server.requests) == 2
+    assert time.monotonic() - started >= 1.5, "retried before Retry-After elapsed"
+
+
+def test_gives_up_after_the_configured_retries(cli, server, tmp_path):
+    server.push(*[{"status": 503}] * 3)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.retries=2", "-c", "model.max_backoff=0.01")
+    assert result.returncode == 3
+    assert len(server.requests) == 3
+    assert "503" in result.stderr and "gave up after 3 attempts" in result.stderr
+    data = traj(tmp_path)
+    assert data["exit_status"] == "ModelError" and data["usage"]["retries"] == 2 and data["messages"]
+
+
+def test_read_timeout_is_retried(cli, server):
+    server.push({"stall": 2, "content": "late"}, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.timeout=0.5", "-c", "model.max_backoff=0.01")
+    assert result.returncode == 0, result.stderr
+
+
+def test_unreachable_endpoint_is_one_line_exit_3(cli, tmp_path):
+    result = cli("run", "x", "--base-url", "http://127.0.0.1:9/v1", "-m", "m", "-o", "t.json",
+                 "-c", "model.retries=1", "-c", "model.max_backoff=0.01")
+    assert result.returncode == 3
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach http://127.0.0.1:9/v1/chat/completions" in lines[0]
+    assert traj(tmp_path)["exit_status"] == "ModelError"
+
+
+def test_reasoning_content_is_recorded(cli, server, tmp_path):
+    server.push({"content": SUBMIT, "reasoning_content": "let me think"})
+    cli("run", "x", *endpoint(server), "-o", "t.json")
+    assert traj(tmp_path)["messages"][2]["reasoning"] == "let me think"
+    assert all("reasoning" not in m for m in server.requests[0]["body"]["messages"])
+
+
+def test_cost_from_endpoint_and_from_prices(cli, server, tmp_path):
+    server.push({"content": act("true"), "cost": 0.25}, {"content": SUBMIT, "usage": {"prompt_tokens": 1000, "completion_tokens": 100, "total_tokens": 1100}})
+    cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.prices={prompt: 2, completion: 10}")
+    assert traj(tmp_path)["usage"]["cost"] == pytest.approx(0.25 + (1000 * 2 + 100 * 10) / 1e6)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "x"], "no model endpoint configured: pass --base-url URL"),
+        (["run", "x", "--base-url", "http://127.0.0.1:9/v1"], "no model name: pass -m MODEL"),
+        (["run", "--base-url", "http://h/v1", "-m", "m"], "no task given"),
+        (["run", "x", "-c", "agent.step_limt=3"], "agent.step_limt: unknown key (did you mean 'step_limit'?)"),
+        (["run", "x", "-c", "missing.yaml"], "missing.yaml: config file not found"),
+        (["run", "--task-file", "nope.txt"], "--task-file nope.txt: No such file or directory"),
+    ],
+    ids=["no endpoint", "no model", "no task", "config typo", "missing config file", "missing task file"],
+)
+def test_bad_input_is_one_line_exit_2(cli, args, message):
+    result = cli(*args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_endpoint_from_environment_variables(cli, server):
+    server.push(SUBMIT)
+    result = cli("run", "x", "-o", "t.json", env={"OPENAI_BASE_URL": server.base_url, "MINISWE_MODEL": "env-model"})
+    assert result.returncode == 0, result.stderr
+    assert server.requests[0]["body"]["model"] == "env-model"
+
+
+def test_task_file_and_cwd(cli, server, tmp_path):
+    (tmp_path / "task.md").write_text("Task from a file")
+    (tmp_path / "work").mkdir()
+    server.push(act("pwd"), SUBMIT)
+    result = cli("run", "--task-file", "task.md", "--cwd", "work", *endpoint(server), "-o", "t.json")
+    assert result.returncode == 0
+    data = traj(tmp_path)
+    assert data["task"] == "Task from a file" and data["steps"][0]["output"] == f"{tmp_path / 'work'}\n"
+
+
+def start_run(server, tmp_path, *extra):
+    return subprocess.Popen(
+        miniswe_cmd("run", "x", *endpoint(server), "-o", "t.json", *extra), cwd=tmp_path, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_for_steps(tmp_path, count, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if len(traj(tmp_path)["steps"]) >= count:
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"no {count} steps within {timeout}s")
+
+
+def test_kill_9_mid_run_leaves_a_valid_trajectory(server, tmp_path):
+    server.latency = 0.05
+    server.push(*[act(f"echo step {i}") for i in range(200)])
+    proc = start_run(server, tmp_path)
+    wait_for_steps(tmp_path, 5)
+    proc.kill()
+    proc.wait()
+    data = traj(tmp_path)  # must parse
+    assert data["exit_status"] is None
+    assert len(data["steps"]) >= 5
+    assert [s["step"] for s in data["steps"]] == list(range(1, len(data["steps"]) + 1))
+    assert data["steps"][4]["output"] == "echo step 4\n".removeprefix("echo ")
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signals_end_the_run_as_interrupted(server, tmp_path, sig, code):
+    server.push(act("echo first"), act("sleep 60 & wait"), SUBMIT)
+    proc = start_run(server, tmp_path)
+    wait_for_steps(tmp_path, 1)
+    time.sleep(0.3)  # let the second command start
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == code, err
+    data = traj(tmp_path)
+    assert data["exit_status"] == "Interrupted" and data["exit_detail"] == sig.name
+    assert subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).returncode == 1, "command outlived the run"
+
+
+def test_python_dash_m_help():
+    result = subprocess.run(miniswe_cmd("--help"), capture_output=True, text=True, env=clean_env(), cwd=ROOT)
+    assert result.returncode == 0 and "run" in result.stdout
+
+
+def test_help_imports_no_heavy_module():
+    code = (
+        "import sys\nsys.argv = ['miniswe', '--help']\nfrom miniswe.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in ('requests', 'jinja2', 'yaml') if m in sys.modules))\n"
+    )
+    result = subprocess.run([*miniswe_cmd()[:1], "-c", code], capture_output=True, text=True, env=clean_env(), cwd=ROOT)
+    assert "LOADED []" in result.stdout, result.stdout[-300:]
