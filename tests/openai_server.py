@@ -120,10 +120,14 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw
         scripted = self.server.scripted
-        scripted._record({"method": self.command, "path": self.path, "headers": Headers(self.headers.items()), "body": body})
+        # wall-clock times, so a benchmark can measure the client's gap between an answer and its next request
+        entry = {"method": self.command, "path": self.path, "headers": Headers(self.headers.items()), "body": body,
+                 "received": time.time()}
+        scripted._record(entry)
         path = urlsplit(self.path).path.rstrip("/")
         if self.command == "POST" and path in CHAT_PATHS:
             self._chat(scripted, body)
+            entry["answered"] = time.time()
         elif self.command == "GET" and path in MODELS_PATHS:
             scripted._sleep(scripted.latency)
             self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model", "owned_by": "scripted"}]})

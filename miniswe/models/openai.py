@@ -57,6 +57,9 @@ class OpenAIModel:
         self.gate = gate or CallGate()
         self.session = requests.Session()
         self.session.headers["User-Agent"] = f"miniswe/{__version__}"
+        # Read proxy settings once: with trust_env, requests re-reads the environment and ~/.netrc on every call.
+        self.proxies = requests.utils.get_environ_proxies(self.url)
+        self.session.trust_env = False
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
@@ -97,7 +100,7 @@ class OpenAIModel:
             headers["Authorization"] = f"Bearer {key}"
         try:
             response = self.session.post(
-                self.url, json=body, headers=headers, timeout=(self.config.connect_timeout, self.config.timeout)
+                self.url, json=body, headers=headers, proxies=self.proxies, timeout=(self.config.connect_timeout, self.config.timeout)
             )
         except requests.Timeout:
             raise _Transient(f"{self.url}: no answer within {self.config.timeout:g}s") from None

@@ -1,0 +1,116 @@
+"""Agent core overhead on this machine, against a zero-latency scripted server on 127.0.0.1.
+
+    python benchmarks/bench_core.py [--steps 300]
+
+Reports: `miniswe --help` wall time; wall time and peak RSS of a run that ends at its first step;
+per-step overhead (server's answer -> the agent's next request) over N steps, against a bare stdlib
+loop doing the same HTTP call, regex and `bash -c` per step; peak RSS of a run whose commands each
+print 100 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from urllib.parse import urlsplit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from openai_server import ScriptedServer  # noqa: E402
+
+F = "```"
+
+
+def act(command: str) -> str:
+    return f"THOUGHT: next step.\n\n{F}bash\n{command}\n{F}\n"
+
+
+SUBMIT = act("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+
+
+def child_peak_rss(argv: list[str], cwd: str, env: dict) -> tuple[float, float, int]:
+    """(wall s, peak RSS MB, returncode) of one child, via wait4 so earlier children don't count."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    return time.perf_counter() - started, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def gaps(requests: list[dict]) -> list[float]:
+    chat = [r for r in requests if "answered" in r]
+    return [(b["received"] - a["answered"]) * 1000 for a, b in zip(chat, chat[1:])]
+
+
+def bare_loop(base_url: str, steps: int) -> None:
+    """What any agent must do per step: one HTTP call, one regex, one `bash -c`."""
+    url = urlsplit(base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port)
+    messages = [{"role": "system", "content": "s" * 3000}, {"role": "user", "content": "task"}]
+    pattern = re.compile(r"^```bash\n(.*?)^```", re.S | re.M)
+    for _ in range(steps):
+        conn.request("POST", url.path + "/chat/completions", json.dumps({"model": "m", "messages": messages}),
+                     {"Content-Type": "application/json"})
+        content = json.loads(conn.getresponse().read())["choices"][0]["message"]["content"]
+        command = pattern.search(content)[1]
+        out = subprocess.run(["bash", "-c", command], capture_output=True, text=True)
+        messages += [{"role": "assistant", "content": content},
+                     {"role": "user", "content": f"<returncode>{out.returncode}</returncode>\n<output>\n{out.stdout}</output>"}]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="miniswe-bench-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env["PYTHONPATH"] = ROOT
+    rows = []
+
+    helps = [child_peak_rss([sys.executable, "-m", "miniswe", "--help"], work, env)[0] for _ in range(5)]
+    rows.append(("miniswe --help wall (median of 5)", f"{statistics.median(helps):.3f} s", "< 0.25 s"))
+
+    with ScriptedServer([SUBMIT] * 5) as server:
+        one = [child_peak_rss([sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m",
+                               "-q", "-o", "one.json"], work, env) for _ in range(3)]
+    rows.append(("one-step run wall (median of 3)", f"{statistics.median(o[0] for o in one):.3f} s", "< 0.5 s"))
+    rows.append(("one-step run peak RSS", f"{max(o[1] for o in one):.1f} MB", "< 60 MB"))
+
+    results = {}
+    for label, quiet in (("-q", ["-q"]), ("default display", [])):
+        with ScriptedServer([act("echo step output")] * args.steps + [SUBMIT]) as server:
+            argv = [sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m",
+                    "--step-limit", str(args.steps + 1), "-o", "long.json", *quiet]
+            code = child_peak_rss(argv, work, env)[2]
+            assert code == 0, f"benchmark run failed with exit {code}"
+            results[label] = gaps(server.requests)
+    with ScriptedServer([act("echo step output")] * (args.steps + 1)) as server:
+        bare_loop(server.base_url, args.steps + 1)
+        results["bare loop"] = gaps(server.requests)
+    bare = statistics.mean(results["bare loop"])
+    for label, values in results.items():
+        first, last = statistics.mean(values[:10]), statistics.mean(values[-10:])
+        rows.append((f"per-step gap, {label}: all / first 10 / last 10", f"{statistics.mean(values):.2f} / {first:.2f} / {last:.2f} ms",
+                     f"{statistics.mean(values) / bare:.2f}x bare; last/first {last / first:.2f}"))
+
+    with ScriptedServer([act("head -c 100000000 /dev/zero | tr '\\0' x")] * 3 + [SUBMIT]) as server:
+        wall, rss, code = child_peak_rss([sys.executable, "-m", "miniswe", "run", "flood", "--base-url", server.base_url,
+                                          "-m", "m", "-q", "-o", "flood.json"], work, env)
+    rows.append(("peak RSS, 3 commands x 100 MB output", f"{rss:.1f} MB", "< 80 MB"))
+
+    width = max(len(r[0]) for r in rows)
+    print(f"miniswe core benchmark ({args.steps} steps; python {sys.version.split()[0]}; {os.cpu_count()} cores)")
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:<24} {note}")
+
+
+if __name__ == "__main__":
+    main()
