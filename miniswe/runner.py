@@ -17,7 +17,7 @@ from typing import Any
 from miniswe.agent import Agent, Interrupt, Outcome, StepObserver, StopCheck
 from miniswe.config import Config
 from miniswe.environments import Environment, build_environment
-from miniswe.errors import ConfigError, MinisweError, SandboxError
+from miniswe.errors import ConfigError, MinisweError, ModelError, SandboxError
 from miniswe.models import Model, model_class
 from miniswe.models.gate import CallGate
 from miniswe.status import AGENT_OUTCOMES, ExitStatus
@@ -120,7 +120,7 @@ def run_task(
         outcome = Outcome(ExitStatus.SANDBOX_ERROR, str(error))
         trajectory.finish(outcome.status, outcome.detail)
     except MinisweError as error:
-        outcome = Outcome(ExitStatus.MODEL_ERROR if type(error).__name__ == "ModelError" else ExitStatus.ERROR, str(error))
+        outcome = Outcome(ExitStatus.MODEL_ERROR if isinstance(error, ModelError) else ExitStatus.ERROR, str(error))
         trajectory.finish(outcome.status, outcome.detail)
     except Exception:
         outcome = Outcome(ExitStatus.ERROR, traceback.format_exc())
