@@ -20,6 +20,11 @@ VERSION = 1
 # UPGRADES[n] turns a version-n document into version n+1.
 UPGRADES: dict[int, Any] = {}
 
+# mkstemp creates 0600 files; a trajectory should get the same mode as any file the user creates.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+FILE_MODE = 0o666 & ~_UMASK
+
 USAGE_KEYS = ("model_calls", "retries", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "cost")
 
 
@@ -78,6 +83,7 @@ class Trajectory:
         directory = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(prefix=".traj-", suffix=".tmp", dir=directory)
         try:
+            os.fchmod(fd, FILE_MODE)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
             os.replace(tmp, self.path)
