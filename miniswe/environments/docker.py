@@ -1,0 +1,426 @@
+"""Commands in one Docker (or Podman) container per environment: a fresh `bash -c` per `exec`, timed out inside.
+
+Also finds and removes containers whose owning miniswe process is gone (`find_orphans`, `remove_containers`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import re
+import resource
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from miniswe.environments import CommandResult
+from miniswe.environments.capture import run_captured
+from miniswe.environments.local import QUIET_ENV
+from miniswe.errors import ConfigError, SandboxError
+
+LABEL = "miniswe"
+PULL_POLICIES = ("never", "missing", "always")
+# Past the command's own timeout, how long the host waits for the in-container watchdog before giving up on it.
+HOST_GRACE_S = 5.0
+ENGINE_CALL_S = 30.0
+STDERR_LIMIT = 1 << 16
+
+# Runs inside the container as `bash -c WRAPPER miniswe TIMEOUT COMMAND`. Job control gives the command its
+# own process group, so the watchdog (on timeout) and the wrapper (after a normal exit) can kill everything
+# it started; killing the `docker exec` client on the host would not stop anything inside the container.
+# Markers go to the exec's stderr, which carries nothing else: the command's stderr is merged into stdout.
+WRAPPER = r"""set -m
+bash -c "$2" 2>&1 &
+cmd=$!
+echo "miniswe:pgid $cmd" >&2
+(sleep "$1"; echo miniswe:timeout >&2; kill -KILL -- -"$cmd" 2>/dev/null) &
+dog=$!
+wait "$cmd"
+rc=$?
+kill -KILL -- -"$dog" -"$cmd" 2>/dev/null
+echo "miniswe:exit $rc" >&2
+exit $rc
+"""
+
+
+@dataclass(frozen=True)
+class DockerConfig:
+    image: str = ""
+    cwd: str = "/"
+    env: dict[str, str] = field(default_factory=dict)
+    forward_env: list[str] = field(default_factory=list)
+    run_args: list[str] = field(default_factory=list)
+    executable: str = "docker"
+    pull: str = "missing"
+    start_timeout: float = 120
+    container_lifetime: float = 14400
+    capture_limit: int = 1_000_000
+    run_id: str = ""
+
+
+# Containers not yet closed, removed at interpreter exit: name -> (executable, creating pid). The pid keeps
+# a forked child's exit from removing its parent's containers.
+_LIVE: dict[str, tuple[str, int]] = {}
+
+
+class DockerEnvironment:
+    config_class = DockerConfig
+
+    def __init__(self, config: DockerConfig):
+        if not config.cwd:
+            config = dataclasses.replace(config, cwd="/")  # the shared config's "" means the image's root here
+        if not config.image:
+            raise ConfigError("environment.image: no image given; set environment.image or pass --image")
+        if config.pull not in PULL_POLICIES:
+            raise ConfigError(f"environment.pull: {config.pull!r} is not one of {', '.join(PULL_POLICIES)}")
+        if config.container_lifetime <= 0:
+            raise ConfigError("environment.container_lifetime: must be a positive number of seconds")
+        if not config.cwd.startswith("/"):
+            raise ConfigError(f"environment.cwd: {config.cwd!r} must be an absolute path inside the container")
+        self.config = config
+        exe = shutil.which(config.executable)
+        if exe is None:
+            raise SandboxError(
+                f"{config.executable}: executable not found on PATH; install it (e.g. .ci/docker-engine start) "
+                "or set environment.executable"
+            )
+        self.exe = exe
+        self.tool = os.path.basename(config.executable)
+        self.run_id = config.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        self.name = "miniswe-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", self.run_id)
+        self.container: str | None = self.name  # None once closed
+        self._gone: str | None = None
+        env = {**QUIET_ENV, **{k: str(v) for k, v in config.env.items()}}
+        # Forwarded variables go by name only: the client fills in the value, so it never appears in argv.
+        self._env_args = [a for name in config.forward_env for a in ("-e", name)]
+        self._env_args += [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+        _LIVE[self.name] = (self.exe, os.getpid())
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _engine(self, *args: str, timeout: float = ENGINE_CALL_S) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(
+                [self.exe, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            raise SandboxError(
+                f"`{self.tool} {args[0]}` did not finish within {timeout:g}s; check that the engine is healthy "
+                "(raise environment.start_timeout for slow pulls)"
+            ) from None
+
+    def _start(self) -> None:
+        cfg = self.config
+        present = self._engine("image", "inspect", "--format", "{{.Id}}", cfg.image)
+        if present.returncode and not _says_no_such_image(present.stderr):
+            raise SandboxError(_engine_problem(self.tool, present.stderr))
+        if cfg.pull == "always" or (present.returncode and cfg.pull == "missing"):
+            pulled = self._engine("pull", cfg.image, timeout=cfg.start_timeout)
+            if pulled.returncode:
+                raise SandboxError(
+                    f"cannot pull image {cfg.image}: {_first_line(pulled.stderr)}; build or load it locally "
+                    "(docker build / docker load) and set environment.pull: never"
+                )
+        elif present.returncode:
+            raise SandboxError(
+                f"image {cfg.image} is not present and environment.pull is 'never'; build or load it "
+                "(docker build / docker load) or set environment.pull: missing"
+            )
+        labels = {
+            f"{LABEL}.run": self.run_id,
+            f"{LABEL}.host": socket.gethostname(),
+            f"{LABEL}.pid": str(os.getpid()),
+            f"{LABEL}.pid_start": process_start(os.getpid()) or "",
+        }
+        run = [
+            "run", "-d", "--init", "--rm", "--pull", "never", "--name", self.container,
+            *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
+            # the main process is the lifetime ceiling: when it ends, --rm removes the container
+            "--entrypoint", "sleep",
+            *cfg.run_args,
+            cfg.image, str(int(cfg.container_lifetime + 0.999)),
+        ]  # fmt: skip
+        started = self._engine(*run, timeout=cfg.start_timeout)
+        if "is already in use" in started.stderr:
+            # that container belongs to another run: forget it, so close() does not remove it
+            _LIVE.pop(self.name, None)
+            self.container = None
+            raise SandboxError(
+                f"container name {self.name} is already in use: run id {self.run_id!r} is taken; give each "
+                "run its own run id, or remove the old container (miniswe cleanup)"
+            )
+        if started.returncode:
+            raise SandboxError(self._run_problem(started.stderr))
+        # One exec checks what every later step relies on: bash, sleep (the watchdog) and the cwd.
+        check = self._engine(
+            "exec", self.container, "bash", "-c",
+            'command -v sleep >/dev/null || exit 3; cd -- "$1" 2>/dev/null || exit 4', "miniswe", cfg.cwd,
+        )  # fmt: skip
+        if check.returncode == 3:
+            raise SandboxError(f"image {cfg.image} has no `sleep`; use an image with coreutils")
+        if check.returncode == 4:
+            raise SandboxError(
+                f"environment.cwd: {cfg.cwd} does not exist in image {cfg.image}; create it in the image "
+                "or set environment.cwd"
+            )
+        if check.returncode:
+            raise SandboxError(
+                f"cannot run bash in image {cfg.image} ({_first_line(check.stderr) or f'exit {check.returncode}'}); "
+                "miniswe needs bash in the image"
+            )
+
+    def _run_problem(self, stderr: str) -> str:
+        line = _first_line(stderr)
+        if "rlimit" in line:
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            return (
+                f"environment.run_args: requested ulimits exceed the host's hard limits (nofile hard limit here: "
+                f"{hard}); lower the --ulimit values ({line})"
+            )
+        if "No such image" in line:
+            return f"environment.run_args: a stray argument was taken as the image name ({line})"
+        problem = _engine_problem(self.tool, stderr)
+        if problem != line:
+            return problem
+        return f"{self.tool} run failed: {line}; check environment.run_args {self.config.run_args}"
+
+    def execute(self, command: str, *, timeout: float) -> CommandResult:
+        if self.container is None:
+            raise SandboxError("the docker environment is closed")
+        if self._gone:
+            raise SandboxError(self._gone)
+        started = time.monotonic()
+        argv = [
+            self.exe, "exec", "-w", self.config.cwd, *self._env_args, self.container,
+            "bash", "-c", WRAPPER, "miniswe", f"{max(timeout, 0):.3f}", command,
+        ]  # fmt: skip
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # Ctrl-C at the terminal is for miniswe to handle, not for the exec client
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise SandboxError(f"cannot start {self.exe}: {error.strerror}") from error
+        try:
+            result = run_captured(
+                proc,
+                timeout=max(timeout, 0) + HOST_GRACE_S,
+                limit=self.config.capture_limit,
+                kill=proc.kill,
+                started=started,
+            )
+            stderr = proc.stderr.read(STDERR_LIMIT).decode("utf-8", errors="replace")
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            proc.stderr.close()
+        # whole lines only: bash's job notices on the same stream quote the wrapper's source
+        markers = {line.partition(" ")[0]: line.partition(" ")[2] for line in stderr.splitlines()}
+        if result.timed_out:
+            # The engine did not end the step in time; the watchdog inside may still be waiting to fire.
+            self._kill_group(markers.get("miniswe:pgid", ""))
+            return result
+        if "miniswe:timeout" in markers:
+            return dataclasses.replace(result, returncode=None, timed_out=True)
+        if "miniswe:exit" not in markers:
+            # The wrapper never ran or was killed: the exec failed, or the container went away under it.
+            self._check_alive()
+            if "miniswe:pgid" not in markers:
+                raise SandboxError(f"{self.tool} exec failed: {_first_line(stderr) or f'exit {proc.returncode}'}")
+        return result
+
+    def _kill_group(self, pgid: str) -> None:
+        if pgid.isdigit() and self.container:
+            try:
+                subprocess.run(
+                    [self.exe, "exec", self.container, "bash", "-c", f"kill -KILL -- -{pgid}"],
+                    stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
+                )  # fmt: skip
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _check_alive(self) -> None:
+        # The engine notices a dead main process a moment after the exec ends: look a few times.
+        for attempt in range(4):
+            time.sleep(0.1 * attempt)
+            state = self._engine("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}}", self.name)
+            status = state.stdout.split()
+            if state.returncode or not status or status[0] != "running":
+                break
+        else:
+            return
+        if state.returncode:
+            how = "engine not reachable" if "cannot connect" in state.stderr.lower() else "removed"
+        else:
+            how = "killed for lack of memory" if status[1:] == ["true"] else status[0]
+        self._gone = (
+            f"container {self.name} is gone ({how}): it was removed, stopped or paused, or its engine "
+            "restarted, while the run was using it; the run cannot continue"
+        )
+        raise SandboxError(self._gone)
+
+    def close(self) -> None:
+        # No locks: this may run from a signal handler that interrupted execute().
+        name, self.container = self.container, None
+        if name is None:
+            return
+        _LIVE.pop(name, None)
+        _remove(self.exe, [name])
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "kind": "docker",
+            "executable": self.tool,
+            "image": cfg.image,
+            "cwd": cfg.cwd,
+            "container": self.name,
+            "env": sorted(cfg.env),
+            "forward_env": list(cfg.forward_env),
+            "run_args": list(cfg.run_args),
+        }
+
+
+def find_orphans(executable: str = "docker", all: bool = False) -> list[dict[str, Any]]:
+    """miniswe's containers whose owner process is gone (every one with `all`), oldest first.
+
+    Owner alive means: same host label, and a process with that pid whose start time matches `miniswe.pid_start`.
+    Containers from another host are only listed with `all`, since their owner cannot be checked from here.
+    """
+    exe = shutil.which(executable)
+    if exe is None:
+        raise SandboxError(f"{executable}: executable not found on PATH; install it or pass the right executable")
+    listed = _run_engine(exe, "ps", "-a", "-q", "--no-trunc", "--filter", f"label={LABEL}.run")
+    ids = listed.stdout.split()
+    if not ids:
+        return []
+    # a container removed between ps and inspect just drops out of the list
+    inspected = _run_engine(exe, "inspect", *ids)
+    host = socket.gethostname()
+    found = []
+    for item in json.loads(inspected.stdout or "[]"):
+        labels = item.get("Config", {}).get("Labels") or {}
+        owner = {k.removeprefix(f"{LABEL}."): v for k, v in labels.items() if k.startswith(f"{LABEL}.")}
+        if not all and (owner.get("host") != host or _owner_alive(owner.get("pid", ""), owner.get("pid_start", ""))):
+            continue
+        found.append(
+            {
+                "id": item["Id"],
+                "name": item.get("Name", "").lstrip("/"),
+                "run": owner.get("run", ""),
+                "host": owner.get("host", ""),
+                "pid": owner.get("pid", ""),
+                "state": item.get("State", {}).get("Status", ""),
+                "created": item.get("Created", ""),
+            }
+        )
+    return sorted(found, key=lambda c: c["created"])
+
+
+def remove_containers(ids: list[str], executable: str = "docker") -> list[str]:
+    """Remove containers by id or name (`rm -f`); returns those removed. Already-gone ones are not an error."""
+    exe = shutil.which(executable)
+    if exe is None or not ids:
+        return []
+    return _remove(exe, ids)
+
+
+def process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks after boot (/proc/PID/stat field 22), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # the command name (field 2) may hold spaces and parentheses: split after its closing one
+            return stat.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_alive(pid: str, start: str) -> bool:
+    if not pid.isdigit():
+        return False
+    now = process_start(int(pid))
+    return now is not None and (not start or now == start)
+
+
+def _remove(exe: str, names: list[str]) -> list[str]:
+    """`rm -f`, then wait until the containers are really gone: when `rm -f` races the container's own
+    `--rm` it reports "removal already in progress" and returns before the engine has finished."""
+    try:
+        done = subprocess.run(
+            [exe, "rm", "-f", *names], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
+        )
+        removed = done.stdout.split()
+        pending = [name for name in names if name not in removed]
+        deadline = time.monotonic() + 15
+        while pending and time.monotonic() < deadline:
+            listed = subprocess.run(
+                [exe, "inspect", "--format", "{{.Id}}", *pending],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if not listed.stdout.strip():
+                break
+            time.sleep(0.1)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return removed
+
+
+def _run_engine(exe: str, *args: str) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(
+            [exe, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=ENGINE_CALL_S
+        )
+    except subprocess.TimeoutExpired:
+        raise SandboxError(f"`{os.path.basename(exe)} {args[0]}` did not answer within {ENGINE_CALL_S:g}s") from None
+    if done.returncode and not done.stdout.strip():
+        raise SandboxError(_engine_problem(os.path.basename(exe), done.stderr))
+    return done
+
+
+def _engine_problem(tool: str, stderr: str) -> str:
+    line = _first_line(stderr)
+    lowered = stderr.lower()
+    if "cannot connect to the docker daemon" in lowered or "cannot connect to podman" in lowered:
+        return f"the {tool} engine is not running ({line}); start it (e.g. .ci/docker-engine start, or dockerd)"
+    if "permission denied" in lowered and ".sock" in lowered:
+        return f"no permission on the {tool} socket ({line}); add your user to the docker group or run as root"
+    return line or f"{tool} failed without a message"
+
+
+def _says_no_such_image(stderr: str) -> bool:
+    lowered = stderr.lower()
+    return "no such image" in lowered or "image not known" in lowered
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line.removeprefix("docker: ").removeprefix("Error: ")
+    return ""
+
+
+@atexit.register
+def _remove_live() -> None:
+    by_exe: dict[str, list[str]] = {}
+    for name, (exe, pid) in list(_LIVE.items()):
+        if pid == os.getpid():
+            by_exe.setdefault(exe, []).append(name)
+    _LIVE.clear()
+    for exe, names in by_exe.items():
+        _remove(exe, names)

@@ -1,0 +1,428 @@
+"""DockerEnvironment against a real engine and image miniswe-test:latest (CI starts both with .ci/docker-engine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from miniswe.environments.docker import DockerConfig, DockerEnvironment, find_orphans, remove_containers
+from miniswe.errors import SandboxError
+
+pytestmark = pytest.mark.docker
+
+IMAGE = "miniswe-test:latest"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine_problem(exe: str) -> str | None:
+    if shutil.which(exe) is None:
+        return f"no `{exe}` on PATH"
+    try:
+        info = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return f"`{exe} info` hung"
+    if info.returncode:
+        return f"`{exe} info` failed: {(info.stderr.strip().splitlines() or ['?'])[-1]}"
+    if subprocess.run([exe, "image", "inspect", IMAGE], capture_output=True).returncode:
+        return f"image {IMAGE} missing in {exe}"
+    return None
+
+
+_problem = _engine_problem("docker")
+if _problem and os.environ.get("MINISWE_REQUIRE_DOCKER"):
+    # set by CI once .ci/docker-engine start succeeded: a skip there would hide a broken engine
+    raise RuntimeError(f"MINISWE_REQUIRE_DOCKER is set but there is no Docker engine: {_problem}")
+if _problem:
+    pytest.skip(f"no Docker engine ({_problem}); run `.ci/docker-engine start`", allow_module_level=True)
+
+
+def config(**overrides) -> DockerConfig:
+    overrides.setdefault("run_id", f"test-{uuid.uuid4().hex[:10]}")
+    return DockerConfig(image=IMAGE, **overrides)
+
+
+def docker(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60)
+
+
+def exists(name: str, exe: str = "docker") -> bool:
+    return subprocess.run([exe, "inspect", name], capture_output=True).returncode == 0
+
+
+def processes(env: DockerEnvironment) -> str:
+    """What runs in the container, minus its init and main sleep, and this listing itself."""
+    listing = docker("exec", env.name, "ps", "-eo", "pid=,args=").stdout
+    return "\n".join(line for line in listing.splitlines() if "14400" not in line and "ps -eo" not in line)
+
+
+def in_subprocess(code: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def shared():
+    env = DockerEnvironment(config(cwd="/tmp", env={"GREETING": "hello world"}))
+    yield env
+    env.close()
+
+
+@pytest.fixture
+def fresh():
+    envs = []
+
+    def make(**overrides) -> DockerEnvironment:
+        envs.append(DockerEnvironment(config(**overrides)))
+        return envs[-1]
+
+    yield make
+    for env in envs:
+        env.close()
+
+
+def test_exit_codes_and_merged_output(shared):
+    assert shared.execute("true", timeout=10).returncode == 0
+    result = shared.execute("echo out; echo err >&2; exit 3", timeout=10)
+    assert (result.returncode, result.output, result.timed_out) == (3, "out\nerr\n", False)
+    missing = shared.execute("no-such-command-xyz", timeout=10)
+    assert missing.returncode == 127 and "not found" in missing.output
+
+
+def test_fresh_shell_per_command(shared):
+    shared.execute("export LEAK=1; cd /; X=2", timeout=10)
+    assert shared.execute('echo "[$LEAK][$X]"; pwd', timeout=10).output == "[][]\n/tmp\n"
+
+
+def test_stdin_is_empty(shared):
+    result = shared.execute("cat; echo done", timeout=10)
+    assert (result.returncode, result.output) == (0, "done\n")
+
+
+def test_cwd_defaults_to_root(fresh):
+    env = fresh()
+    assert env.execute("pwd", timeout=10).output == "/\n"
+
+
+def test_env_and_forward_env(fresh, monkeypatch):
+    monkeypatch.setenv("MINISWE_TEST_SECRET", "s3cr3t-value")
+    env = fresh(env={"GREETING": "hello world"}, forward_env=["MINISWE_TEST_SECRET", "MINISWE_TEST_UNSET"])
+    out = env.execute('echo "$GREETING|$MINISWE_TEST_SECRET|${MINISWE_TEST_UNSET-unset}|$PAGER"', timeout=10)
+    assert out.output == "hello world|s3cr3t-value|unset|cat\n"
+    described = env.describe()
+    assert described["forward_env"] == ["MINISWE_TEST_SECRET", "MINISWE_TEST_UNSET"]
+    assert described["env"] == ["GREETING"]
+    assert "s3cr3t-value" not in json.dumps(described)
+    # nor in the container's own settings, visible to anyone with `docker inspect`
+    assert "s3cr3t-value" not in docker("inspect", env.name).stdout
+
+
+def test_describe(shared):
+    described = shared.describe()
+    assert described["kind"] == "docker" and described["image"] == IMAGE and described["cwd"] == "/tmp"
+    assert described["container"] == shared.name and described["run_args"] == []
+
+
+def test_container_is_labelled(shared):
+    labels = json.loads(docker("inspect", "--format", "{{json .Config.Labels}}", shared.name).stdout)
+    assert labels["miniswe.pid"] == str(os.getpid())
+    assert labels["miniswe.run"] == shared.run_id and shared.name == f"miniswe-{shared.run_id}"
+    assert labels["miniswe.pid_start"] == open(f"/proc/{os.getpid()}/stat").read().rpartition(")")[2].split()[19]
+
+
+def test_timeout_kills_everything_inside(shared):
+    started = time.monotonic()
+    result = shared.execute(
+        "echo before; bash -c 'sleep 1001 & sleep 1002; echo never' & sleep 1003; echo never", timeout=1.5
+    )
+    assert result.timed_out and result.returncode is None
+    assert result.output == "before\n"
+    assert 1.5 <= time.monotonic() - started < 4
+    assert "sleep 100" not in processes(shared)
+    assert shared.execute("echo still usable", timeout=10).output == "still usable\n"
+
+
+def test_background_child_does_not_outlive_its_step(shared):
+    started = time.monotonic()
+    result = shared.execute("sleep 1004 & echo started", timeout=30)
+    assert (result.returncode, result.output) == (0, "started\n")
+    assert time.monotonic() - started < 2
+    assert "sleep 1004" not in processes(shared)
+
+
+def test_timeout_zero_returns_at_once(shared):
+    result = shared.execute("sleep 5", timeout=0)
+    assert result.timed_out and result.duration_s < 2
+
+
+def test_output_flood_stays_bounded_in_memory():
+    # in a child process, so its peak memory is the flood's alone
+    child = in_subprocess(
+        f"""
+import resource
+from miniswe.environments.docker import DockerConfig, DockerEnvironment
+env = DockerEnvironment(DockerConfig(image={IMAGE!r}, capture_limit=100_000))
+r = env.execute("head -c 300000000 /dev/zero | tr '\\\\0' x; echo; echo END", timeout=120)
+env.close()
+print(r.returncode, r.output_chars, r.elided_chars, len(r.output), r.output.endswith("END\\n"),
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+    )
+    out, err = child.communicate(timeout=180)
+    assert child.returncode == 0, err
+    code, chars, elided, kept, ends, peak_mb = out.split()
+    assert (code, ends) == ("0", "True")
+    assert int(chars) == 300_000_005 and int(elided) > 299_000_000
+    assert int(kept) < 100_200
+    assert int(peak_mb) < 100, f"peak RSS {peak_mb} MB while flooding 300 MB"
+
+
+def test_container_removed_from_outside_mid_step(fresh):
+    env = fresh()
+    threading.Timer(1.0, docker, args=("rm", "-f", env.name)).start()
+    started = time.monotonic()
+    with pytest.raises(SandboxError, match="is gone") as caught:
+        env.execute("echo running; sleep 30", timeout=60)
+    assert time.monotonic() - started < 10
+    assert "\n" not in str(caught.value)
+    # the run ends there: no loop of errors, each step says the same thing at once
+    with pytest.raises(SandboxError, match="is gone"):
+        env.execute("true", timeout=10)
+
+
+def test_container_removed_between_steps(fresh):
+    env = fresh()
+    docker("rm", "-f", env.name)
+    with pytest.raises(SandboxError, match="is gone"):
+        env.execute("true", timeout=10)
+
+
+def test_container_whose_main_process_dies(fresh):
+    env = fresh()
+    # killing every process in the container ends its main process, and --rm removes it
+    with pytest.raises(SandboxError, match="is gone"):
+        env.execute("kill -9 -1; sleep 5", timeout=20)
+
+
+def test_cwd_removed_by_a_command(fresh):
+    env = fresh(cwd="/srv")
+    env.execute("rmdir /srv", timeout=10)
+    with pytest.raises(SandboxError, match="exec failed") as caught:
+        env.execute("true", timeout=10)
+    assert "\n" not in str(caught.value)
+
+
+def test_container_removes_itself_after_its_lifetime(fresh):
+    env = fresh(container_lifetime=1)
+    deadline = time.monotonic() + 15
+    while exists(env.name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not exists(env.name)
+    with pytest.raises(SandboxError, match="is gone"):
+        env.execute("true", timeout=10)
+
+
+def test_close_removes_container_and_is_idempotent(fresh):
+    env = fresh()
+    assert exists(env.name)
+    started = time.monotonic()
+    env.close()
+    assert time.monotonic() - started < 5
+    assert not exists(env.name)
+    env.close()
+    with pytest.raises(SandboxError, match="closed"):
+        env.execute("true", timeout=10)
+
+
+@pytest.mark.parametrize("ending", ["pass", "raise RuntimeError('boom')", "raise KeyboardInterrupt"])
+def test_container_removed_at_interpreter_exit(ending):
+    child = in_subprocess(
+        f"""
+from miniswe.environments.docker import DockerConfig, DockerEnvironment
+env = DockerEnvironment(DockerConfig(image={IMAGE!r}))
+print(env.name, flush=True)
+{ending}
+"""
+    )
+    out, _ = child.communicate(timeout=60)
+    name = out.split()[0]
+    assert not exists(name)
+
+
+def test_sigterm_default_handler_leaves_orphan_that_cleanup_finds():
+    """Without a handler, SIGTERM ends Python without atexit: the CLI must turn it into an exception."""
+    child = in_subprocess(
+        f"""
+import time
+from miniswe.environments.docker import DockerConfig, DockerEnvironment
+env = DockerEnvironment(DockerConfig(image={IMAGE!r}))
+print(env.name, flush=True)
+time.sleep(60)
+"""
+    )
+    name = child.stdout.readline().strip()
+    child.send_signal(signal.SIGTERM)
+    child.communicate(timeout=30)
+    try:
+        assert name in {c["name"] for c in find_orphans()}
+    finally:
+        remove_containers([name])
+
+
+def test_orphan_after_kill_9_is_found_and_removed(fresh):
+    mine = fresh()
+    child = in_subprocess(
+        f"""
+import time
+from miniswe.environments.docker import DockerConfig, DockerEnvironment
+env = DockerEnvironment(DockerConfig(image={IMAGE!r}, run_id="orphan-{uuid.uuid4().hex[:8]}"))
+print(env.name, flush=True)
+time.sleep(60)
+"""
+    )
+    name = child.stdout.readline().strip()
+    assert name.startswith("miniswe-orphan-")
+    assert name not in {c["name"] for c in find_orphans()}  # owner still alive
+    child.kill()
+    child.communicate(timeout=30)
+    assert exists(name)
+    orphans = {c["name"]: c for c in find_orphans()}
+    assert name in orphans and orphans[name]["pid"] == str(child.pid)
+    assert mine.name not in orphans  # this process still owns it
+    assert mine.name in {c["name"] for c in find_orphans(all=True)}
+    assert remove_containers([orphans[name]["id"]]) == [orphans[name]["id"]]
+    assert not exists(name)
+    assert remove_containers([orphans[name]["id"]]) == []
+
+
+def test_reused_pid_is_not_mistaken_for_the_owner():
+    name = f"miniswe-test-reused-{uuid.uuid4().hex[:8]}"
+    labels = {"run": name, "host": os.uname().nodename, "pid": str(os.getpid()), "pid_start": "1"}
+    args = [a for k, v in labels.items() for a in ("--label", f"miniswe.{k}={v}")]
+    assert docker("run", "-d", "--rm", "--name", name, *args, IMAGE, "sleep", "60").returncode == 0
+    try:
+        assert name in {c["name"] for c in find_orphans()}
+    finally:
+        remove_containers([name])
+
+
+def assert_clean_failure(run_id: str, caught: pytest.ExceptionInfo, *words: str) -> None:
+    message = str(caught.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+    assert not docker("ps", "-aq", "--filter", f"label=miniswe.run={run_id}").stdout.strip()
+
+
+def test_run_id_in_use_leaves_the_other_container_alone(shared):
+    with pytest.raises(SandboxError, match="already in use") as caught:
+        DockerEnvironment(config(run_id=shared.run_id))
+    assert "\n" not in str(caught.value)
+    assert shared.execute("echo alive", timeout=10).output == "alive\n"
+
+
+def test_missing_image_with_pull_never():
+    cfg = DockerConfig(image="miniswe-no-such-image:1", pull="never", run_id=f"test-{uuid.uuid4().hex[:8]}")
+    with pytest.raises(SandboxError) as caught:
+        DockerEnvironment(cfg)
+    assert_clean_failure(cfg.run_id, caught, "miniswe-no-such-image:1", "pull")
+
+
+def test_missing_image_that_cannot_be_pulled():
+    cfg = DockerConfig(image="miniswe-no-such-image:1", run_id=f"test-{uuid.uuid4().hex[:8]}", start_timeout=60)
+    with pytest.raises(SandboxError) as caught:
+        DockerEnvironment(cfg)
+    assert_clean_failure(cfg.run_id, caught, "cannot pull image miniswe-no-such-image:1")
+
+
+def test_cwd_missing_in_image():
+    cfg = config(cwd="/no/such/dir")
+    with pytest.raises(SandboxError) as caught:
+        DockerEnvironment(cfg)
+    assert_clean_failure(cfg.run_id, caught, "environment.cwd", "/no/such/dir")
+
+
+@pytest.mark.parametrize(
+    "run_args, words",
+    [
+        (["--bogus-flag"], ["--bogus-flag", "run_args"]),
+        (["--memory", "lots"], ["lots", "run_args"]),
+        (["stray-positional"], ["stray", "run_args"]),
+        (["--ulimit", "nofile=10000000:10000000"], ["ulimit", "hard limit"]),
+    ],
+)
+def test_bad_run_args(run_args, words):
+    cfg = config(run_args=run_args)
+    with pytest.raises(SandboxError) as caught:
+        DockerEnvironment(cfg)
+    assert_clean_failure(cfg.run_id, caught, *words)
+
+
+def test_good_run_args_apply(fresh):
+    env = fresh(run_args=["--network", "none", "--memory", "256m", "--pids-limit", "200"])
+    limit = env.execute("cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max", timeout=10)
+    assert limit.output == "200\n"
+    connect = "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 53), 2)'"
+    assert env.execute(connect, timeout=10).returncode != 0
+
+
+def test_no_docker_binary():
+    with pytest.raises(SandboxError) as caught:
+        DockerEnvironment(config(executable="no-such-docker-binary"))
+    assert "\n" not in str(caught.value) and "not found on PATH" in str(caught.value)
+
+
+def test_engine_not_running(monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    with pytest.raises(SandboxError) as caught:
+        DockerEnvironment(config())
+    assert "\n" not in str(caught.value) and "not running" in str(caught.value)
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or not shutil.which("runuser") or not os.path.exists("/usr/bin/python3"),
+    reason="needs root, runuser and /usr/bin/python3 to act as nobody",
+)
+def test_no_permission_on_socket():
+    code = f"from miniswe.environments.docker import *\nDockerEnvironment(DockerConfig(image={IMAGE!r}))"
+    done = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "env", f"PATH={os.environ['PATH']}", f"PYTHONPATH={ROOT}", "HOME=/tmp",
+         "/usr/bin/python3", "-c", code],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("miniswe.errors.SandboxError: no permission on the docker socket"), done.stderr
+
+
+_podman_problem = _engine_problem("podman")
+podman = pytest.mark.skipif(bool(_podman_problem), reason=f"podman: {_podman_problem}")
+
+
+@podman
+def test_podman_runs_commands_and_kills_on_timeout():
+    env = DockerEnvironment(config(executable="podman", cwd="/tmp"))
+    try:
+        assert env.execute("pwd; exit 4", timeout=10).output == "/tmp\n"
+        result = env.execute("echo before; sleep 1005 & sleep 1006", timeout=1)
+        assert result.timed_out and result.output == "before\n"
+        listing = subprocess.run(["podman", "exec", env.name, "ps", "-eo", "args="], capture_output=True, text=True)
+        assert "sleep 100" not in listing.stdout
+        assert env.execute("echo ok", timeout=10).returncode == 0
+    finally:
+        env.close()
+    assert not exists(env.name, "podman")
