@@ -132,6 +132,7 @@ def run_task(
             except Exception as error:  # a failed cleanup must not hide the run's own outcome
                 trajectory.data.setdefault("warnings", []).append(f"environment cleanup failed: {error}")
         trajectory.save()
+        trajectory.close()
     return RunResult(outcome, trajectory, resolved)
 
 

@@ -1,29 +1,24 @@
 """The trajectory file: one JSON document per run, rewritten atomically after every step.
 
-Each message and step is serialised once, when it is added, so saving step 300 costs about what
-saving step 3 did. `load` validates the format and upgrades older versions in order.
+Each message and step is serialised once, when it is added, and the file is swapped in by an atomic
+exchange of names (miniswe.atomic.SwapFile), so saving step 300 costs little more than saving step 3. `load` validates the format and upgrades older versions in order.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
 from miniswe import __version__
+from miniswe.atomic import SwapFile
 from miniswe.errors import TrajectoryError
 
 FORMAT = "miniswe-trajectory"
 VERSION = 1
 # UPGRADES[n] turns a version-n document into version n+1.
 UPGRADES: dict[int, Any] = {}
-
-# mkstemp creates 0600 files; a trajectory should get the same mode as any file the user creates.
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-FILE_MODE = 0o666 & ~_UMASK
 
 USAGE_KEYS = ("model_calls", "retries", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "cost")
 
@@ -55,6 +50,7 @@ class Trajectory:
         self._messages_json: list[str] = []
         self._steps_json: list[str] = []
         self._started = time.monotonic()
+        self._file = SwapFile(path)
         directory = os.path.dirname(os.path.abspath(path))
         try:
             os.makedirs(directory, exist_ok=True)
@@ -75,24 +71,14 @@ class Trajectory:
         self.data["timing"].update(ended=_now(), wall_s=round(time.monotonic() - self._started, 3))
 
     def save(self) -> None:
-        """Write the whole document to a temp file and rename it over the old one: never half a file."""
+        """Replace the file with the whole document, atomically: never half a file on disk."""
         head = json.dumps(self.data, ensure_ascii=False)[:-1]
-        text = "".join(
+        self._file.write("".join(
             (head, ', "messages": [', ",\n".join(self._messages_json), '], "steps": [', ",\n".join(self._steps_json), "]}\n")
-        )
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(prefix=".traj-", suffix=".tmp", dir=directory)
-        try:
-            os.fchmod(fd, FILE_MODE)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        ))
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def load(path: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def test_every_save_is_a_complete_document(tmp_path):
     data = load(str(path))
     assert data["exit_status"] == "Submitted" and data["submission"] == "patch"
     assert data["timing"]["wall_s"] is not None
+    traj.close()
     assert [p.name for p in path.parent.iterdir()] == ["t.traj.json"], "temp files left behind"
 
 
@@ -53,3 +54,24 @@ def test_foreign_and_broken_files_are_refused(tmp_path):
     broken.write_text('{"format": "miniswe-traj')
     with pytest.raises(TrajectoryError, match="not valid JSON"):
         load(str(broken))
+
+
+def test_saves_replace_the_file_whole_and_leave_no_twin(tmp_path):
+    path = tmp_path / "t.traj.json"
+    traj = Trajectory(str(path), task="t", config={}, environment={})
+    seen = []
+    for i in range(5):
+        traj.add_step({"step": i + 1, "output": "x" * (1000 - 100 * i)})  # versions shrink and grow
+        traj.save()
+        seen.append(len(json.loads(path.read_text())["steps"]))
+    assert seen == [1, 2, 3, 4, 5]
+    assert (path.stat().st_mode & 0o777) == 0o666 & ~_umask()
+    traj.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.traj.json"]
+    assert len(load(str(path))["steps"]) == 5
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

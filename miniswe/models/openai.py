@@ -67,7 +67,7 @@ class OpenAIModel:
     def complete(self, messages: Sequence[dict[str, str]]) -> Reply:
         body = {
             "model": self.config.name,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+            "messages": list(messages),  # role and content only: reasoning is never sent back
             "temperature": self.config.temperature,
             **self.config.params,
         }
