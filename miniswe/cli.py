@@ -129,21 +129,151 @@ def run(
 
 
 @app.command()
+def batch(
+    tasks: Annotated[str, typer.Argument(help="Task file: YAML/JSON list or JSONL (also SWE-bench instances).")],
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Run directory (default: trajectories/<task file name>).")] = None,
+    workers: Annotated[int, typer.Option("-w", "--workers", help="Tasks run in parallel.")] = 1,
+    config: ConfigOpt = [],
+    model: ModelOpt = None,
+    base_url: BaseUrlOpt = None,
+    step_limit: StepOpt = None,
+    token_limit: TokenOpt = None,
+    cost_limit: CostOpt = None,
+    time_limit: TimeOpt = None,
+    env: EnvOpt = None,
+    image: ImageOpt = None,
+    filter: Annotated[Optional[str], typer.Option("--filter", help="Run only tasks whose id matches this regex.")] = None,
+    slice: Annotated[Optional[str], typer.Option("--slice", help="Run tasks START:STOP of the (filtered, shuffled) list.")] = None,
+    shuffle: Annotated[bool, typer.Option("--shuffle", help="Shuffle the tasks (deterministic, see --seed).")] = False,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of --shuffle (default 0).")] = None,
+    shard: Annotated[Optional[str], typer.Option("--shard", help="Run shard I of N (I/N, by hash of the task id).")] = None,
+    redo: Annotated[Optional[str], typer.Option("--redo", help="Also rerun finished tasks: failed (not resolved/submitted), all, or ID,ID.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Continue into a run directory of another task file or model.")] = False,
+    max_concurrent_calls: Annotated[int, typer.Option("--max-concurrent-calls", help="Model calls in flight at once (0 = one per worker).")] = 0,
+    batch_cost_limit: Annotated[float, typer.Option("--batch-cost-limit", help="USD for the whole batch; then no new task starts and running ones stop (0 = unlimited).")] = 0.0,
+    batch_token_limit: Annotated[int, typer.Option("--batch-token-limit", help="Tokens for the whole batch, like --batch-cost-limit (0 = unlimited).")] = 0,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress; print one summary line instead of the report.")] = False,
+) -> None:
+    """Run a task list in parallel into a resumable run directory; exit 0 all ended by the agent, 3 infrastructure failures, 2 bad input, 130/143 interrupted."""
+    from miniswe.errors import MinisweError
+
+    try:
+        cfg = resolve_config(config, model=model, base_url=base_url, step_limit=step_limit, token_limit=token_limit,
+                             cost_limit=cost_limit, time_limit=time_limit, env=env, image=image)
+        from miniswe.batch.run import BatchOptions, default_run_dir
+
+        options = BatchOptions(
+            tasks, output, workers=workers, filter=filter, slice=slice, shuffle=shuffle, seed=seed, shard=shard,
+            redo=redo, force=force, max_concurrent_calls=max_concurrent_calls, batch_cost_limit=batch_cost_limit,
+            batch_token_limit=batch_token_limit, quiet=quiet,
+            command=_rerun_command("batch", output, default_run_dir(tasks), fallback=[tasks]),
+        )
+        _warn_orphans(cfg)
+        _run_batch(cfg, options)
+    except MinisweError as error:
+        fail(error)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[str, typer.Argument(help="A run directory of `miniswe batch` or `miniswe merge`.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
+) -> None:
+    """Summarise a batch run: outcomes, resolved rate, steps/tokens/cost/time, failures and how to rerun them."""
+    import json
+
+    from miniswe.batch.report import build_report, load_run, render_markdown
+    from miniswe.errors import MinisweError
+
+    try:
+        records, run = load_run(run_dir)
+    except MinisweError as error:
+        fail(error)
+    numbers = build_report(records)
+    print(json.dumps(numbers, indent=2) if as_json else render_markdown(numbers, records, run, os.path.abspath(run_dir)))
+
+
+@app.command()
+def merge(
+    run_dirs: Annotated[list[str], typer.Argument(help="Run directories of the shards.")],
+    output: Annotated[str, typer.Option("-o", "--output", help="New run directory for the merged run.")],
+    force: Annotated[bool, typer.Option("--force", help="Merge runs of different task files or models; overwrite OUT.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the merged report as JSON.")] = False,
+) -> None:
+    """Combine shard run directories into one ledger, preds.json, report and set of trajectories."""
+    import json
+
+    from miniswe.batch.merge import merge_runs
+    from miniswe.errors import MinisweError
+
+    try:
+        numbers, markdown = merge_runs(run_dirs, output, force=force)
+    except MinisweError as error:
+        fail(error)
+    print(json.dumps(numbers, indent=2) if as_json else markdown)
+
+
+@app.command()
 def demo(
     model: ModelOpt = None,
     base_url: BaseUrlOpt = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="Run directory.")] = "trajectories/demo",
-    quiet: QuietOpt = False,
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="Run directory (default: a new trajectories/demo/<run id>).")] = None,
+    workers: Annotated[int, typer.Option("-w", "--workers", help="Tasks run in parallel.")] = 4,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress; print one summary line instead of the report.")] = False,
 ) -> None:
-    """Run the bundled demo tasks offline with the scripted model (or a real model with --base-url and -m)."""
+    """Run the bundled demo tasks through the batch runner: offline with the scripted model, or a real one with --base-url and -m."""
     from miniswe.errors import MinisweError
-    from miniswe.resources import config_dir
 
-    demo_dir = os.path.join(config_dir(), "demo")
     try:
-        raise NotImplementedError
+        from miniswe.batch.run import BatchOptions
+        from miniswe.config import override
+        from miniswe.resources import config_dir
+        from miniswe.runner import new_run_id
+
+        cfg = resolve_config([], model=model, base_url=base_url)
+        if not (model or base_url or os.environ.get("OPENAI_BASE_URL")):
+            cfg = override(cfg, model={"kind": "scripted"})  # each demo task names its own replies file
+        # a fresh directory per invocation: running the demo again shows it again, rather than "all done"
+        run_dir = output or os.path.join("trajectories", "demo", new_run_id())
+        options = BatchOptions(os.path.join(config_dir(), "demo", "tasks.yaml"), run_dir, workers=workers, quiet=quiet,
+                               command=_rerun_command("demo", output, run_dir))
+        _run_batch(cfg, options)
     except MinisweError as error:
         fail(error)
+
+
+def _run_batch(cfg, options) -> None:
+    from miniswe.batch.run import run_batch
+
+    try:
+        result = run_batch(cfg, options)
+    except KeyboardInterrupt:  # before the batch's own handlers are in place: nothing has started yet
+        raise typer.Exit(130) from None
+    if options.quiet:
+        counts = " · ".join(f"{status} {count}" for status, count in result.report["by_status"].items())
+        resolved = f" · resolved {result.report['resolved']}/{result.report['evaluated']}" if result.report["evaluated"] else ""
+        print(f"{result.report['tasks']} tasks · {counts}{resolved} · {result.run_dir}", flush=True)
+    else:
+        print(result.markdown, flush=True)
+    raise typer.Exit(result.exit_code)
+
+
+def _rerun_command(command: str, output: str | None, run_dir: str, fallback: list[str] = ()) -> str:
+    """This command line as a user would type it again: without --redo/--force, with the run directory explicit."""
+    import shlex
+
+    given = sys.argv[2:] if sys.argv[1:2] == [command] else list(fallback)
+    argv, skip = [], False
+    for arg in given:
+        if skip:
+            skip = False
+        elif arg in ("--redo", "--force"):
+            skip = arg == "--redo"
+        elif not arg.startswith(("--redo=", "--force")):
+            argv.append(arg)
+    if output is None:
+        argv += ["-o", run_dir]
+    return shlex.join(["miniswe", command, *argv])
 
 
 def _warn_orphans(cfg) -> None:

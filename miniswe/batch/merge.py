@@ -1,0 +1,92 @@
+"""`miniswe merge`: combine the run directories of shards into one ledger, preds.json, report and trajectories.
+
+Shards must come from the same task file and model; a task found in two shards with different
+results is a conflict and nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from miniswe import __version__
+from miniswe.batch.files import now, write_atomic, write_json
+from miniswe.batch.ledger import LEDGER, record_line
+from miniswe.batch.report import build_report, load_run, render_markdown
+from miniswe.batch.rundir import FORMAT, REPORT_MD, RUN_JSON, RunDir
+from miniswe.errors import UsageError
+
+
+def merge_runs(run_dirs: list[str], out: str, *, force: bool = False) -> tuple[dict[str, Any], str]:
+    """Write the merged run into `out`; returns the report and its Markdown."""
+    out = os.path.abspath(out)
+    sources = [os.path.abspath(d) for d in run_dirs]
+    if out in sources:
+        raise UsageError(f"-o {out}: the output must be a new directory, not one of the runs being merged")
+    if len(set(sources)) != len(sources):
+        raise UsageError("merge: the same run directory is given twice")
+    if not force and any(os.path.exists(os.path.join(out, name)) for name in (LEDGER, RUN_JSON)):
+        raise UsageError(f"-o {out} already holds a run; pass another directory, or --force to overwrite it")
+    runs = [(path, *load_run(path)) for path in sources]
+    _check_same_batch(runs, force)
+    merged: dict[str, dict[str, Any]] = {}
+    origin: dict[str, str] = {}
+    for path, records, _ in runs:
+        for record in records:
+            seen = merged.get(record["id"])
+            if seen is not None and _outcome(seen) != _outcome(record):
+                raise UsageError(
+                    f"merge: task {record['id']!r} has different results in {origin[record['id']]} and {path}; "
+                    "shards must be disjoint (rerun one of them, or leave one out)"
+                )
+            if seen is None:
+                merged[record["id"]] = record
+                origin[record["id"]] = path
+    os.makedirs(out, exist_ok=True)
+    for task_id, record in merged.items():
+        _copy_trajectory(origin[task_id], out, record)
+    records = list(merged.values())
+    write_atomic(os.path.join(out, LEDGER), "".join(record_line(r) for r in records))
+    target = RunDir(out)
+    target.write_preds(records)
+    first = next((run for _, _, run in runs if run), None) or {}
+    run = {
+        "format": FORMAT, "version": 1, "miniswe_version": __version__,
+        "task_file": first.get("task_file", {}), "model": first.get("model"), "config": first.get("config"),
+        "merged_from": sources, "started": min((r.get("started") or "" for _, _, r in runs if r), default=now()),
+        "ended": now(), "status": "merged", "selected": sum((r or {}).get("selected", 0) for _, _, r in runs),
+        "command": first.get("command"), "invocations": [],
+    }
+    write_json(target.file(RUN_JSON), run)
+    report = build_report(records)
+    markdown = render_markdown(report, records, run, out)
+    write_atomic(target.file(REPORT_MD), markdown)
+    return report, markdown
+
+
+def _check_same_batch(runs: list[tuple[str, list, dict | None]], force: bool) -> None:
+    known = [(path, run) for path, _, run in runs if run]
+    for path, run in known[1:]:
+        first_path, first = known[0]
+        if force:
+            break
+        if run.get("task_file", {}).get("sha256") != first.get("task_file", {}).get("sha256"):
+            raise UsageError(f"merge: {path} ran another task file than {first_path}; pass --force to merge anyway")
+        if run.get("model") != first.get("model"):
+            raise UsageError(f"merge: {path} ran another model than {first_path}; pass --force to merge anyway")
+
+
+def _outcome(record: dict[str, Any]) -> tuple:
+    return tuple(record.get(key) for key in ("exit_status", "resolved", "submission", "steps", "tokens", "cost"))
+
+
+def _copy_trajectory(source_dir: str, out: str, record: dict[str, Any]) -> None:
+    relative = record.get("trajectory")
+    if not relative:
+        return
+    source, target = os.path.join(source_dir, relative), os.path.join(out, relative)
+    if not os.path.exists(source):
+        return  # the ledger stays the source of truth; report shows the path it had
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copy2(source, target)

@@ -1,0 +1,114 @@
+"""The batch report: numbers from the ledger (latest record per task), as JSON and as Markdown (report.md).
+
+p90 and median interpolate linearly between ranks (numpy's default percentile method).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections import Counter
+from typing import Any
+
+from miniswe.batch.ledger import LEDGER, read_records
+from miniswe.batch.rundir import AGENT_STATUSES, RunDir
+from miniswe.errors import UsageError
+from miniswe.status import INFRA_FAILURES
+
+INFRA_STATUSES = {str(status) for status in INFRA_FAILURES}
+METRICS = ("steps", "tokens", "cost", "wall_s")
+TOP = 5
+
+
+def load_run(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The ledger's records and run.json of a run directory (run.json may be missing)."""
+    ledger = os.path.join(run_dir, LEDGER)
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir}: no such run directory")
+    run = RunDir(run_dir).read_run()
+    if run is None and not os.path.exists(ledger):
+        raise UsageError(f"{run_dir}: not a miniswe batch run directory (no {LEDGER} or run.json)")
+    return list(read_records(ledger).values()), run
+
+
+def build_report(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The report's numbers; keys are documented in the README and stable."""
+    evaluated = [r for r in records if r.get("has_eval", r.get("resolved") is not None)]
+    resolved = sum(1 for r in records if r.get("resolved") is True)
+    return {
+        "tasks": len(records),
+        "by_status": dict(Counter(r["exit_status"] for r in records).most_common()),
+        "resolved": resolved,
+        "evaluated": len(evaluated),
+        "resolved_rate": resolved / len(evaluated) if evaluated else None,
+        **{metric: summary([float(r.get(metric) or 0) for r in records]) for metric in METRICS},
+        "infra_failures": [
+            {"id": r["id"], "exit_status": r["exit_status"], "detail": _last_line(r.get("exit_detail")), "trajectory": r.get("trajectory")}
+            for r in records
+            if r["exit_status"] in INFRA_STATUSES
+        ],
+    }
+
+
+def summary(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "median": None, "p90": None, "max": None}
+    return {"mean": statistics.fmean(values), "median": percentile(values, 0.5), "p90": percentile(values, 0.9), "max": max(values)}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def render_markdown(report: dict[str, Any], records: list[dict[str, Any]], run: dict[str, Any] | None, run_dir: str) -> str:
+    lines = ["# miniswe batch report", ""]
+    facts = [f"run directory `{run_dir}`"]
+    if run:
+        model = run.get("model") or {}
+        facts.append(f"model `{model.get('name') or model.get('kind')}`")
+        if run.get("task_file", {}).get("path"):
+            facts.append(f"task file `{run['task_file']['path']}`")
+    lines += [" · ".join(facts), ""]
+    total = report["tasks"]
+    if not total:
+        return "\n".join(lines + ["No task has finished yet.", ""])
+    head = f"**{total} tasks**"
+    if report["evaluated"]:
+        head += f" · **resolved {report['resolved']} of {report['evaluated']}** with eval ({report['resolved_rate']:.1%})"
+    lines += [head, "", "| exit status | kind | tasks | share |", "| --- | --- | ---: | ---: |"]
+    for status, count in report["by_status"].items():
+        kind = "agent outcome" if status in AGENT_STATUSES else "infrastructure" if status in INFRA_STATUSES else "interrupted"
+        lines.append(f"| {status} | {kind} | {count} | {count / total:.1%} |")
+    lines += ["", "| per task | mean | median | p90 | max |", "| --- | ---: | ---: | ---: | ---: |"]
+    for metric, label, fmt in (("steps", "steps", "{:.1f}"), ("tokens", "tokens", "{:,.0f}"), ("cost", "cost ($)", "{:.4f}"), ("wall_s", "wall time (s)", "{:.1f}")):
+        values = report[metric]
+        lines.append(f"| {label} | " + " | ".join(fmt.format(values[k]) for k in ("mean", "median", "p90", "max")) + " |")
+    slowest = sorted(records, key=lambda r: -(r.get("wall_s") or 0))[:TOP]
+    lines += ["", "Slowest: " + ", ".join(f"`{r['id']}` {r.get('wall_s') or 0:.1f}s" for r in slowest)]
+    if any(r.get("cost") for r in records):
+        priciest = sorted(records, key=lambda r: -(r.get("cost") or 0))[:TOP]
+        lines.append("Most expensive: " + ", ".join(f"`{r['id']}` ${r.get('cost') or 0:.4f}" for r in priciest))
+    failures = report["infra_failures"]
+    interrupted = report["by_status"].get("Interrupted", 0)
+    if failures:
+        lines += ["", f"## Infrastructure failures ({len(failures)})", "", "| task | status | detail |", "| --- | --- | --- |"]
+        for failure in failures:
+            detail = (failure["detail"] or "").replace("|", "\\|")[:160]
+            lines.append(f"| `{failure['id']}` | {failure['exit_status']} | {detail} |")
+    lines.append("")
+    if failures or interrupted:
+        what = " and ".join(x for x in (f"{len(failures)} failed" if failures else "", f"{interrupted} interrupted" if interrupted else "") if x)
+        command = (run or {}).get("command") or f"miniswe batch TASKS -o {run_dir}"
+        lines += [f"Rerun only the {what} tasks (finished ones are kept): `{command}`", ""]
+    return "\n".join(lines)
+
+
+def _last_line(text: Any) -> str:
+    if not isinstance(text, str) or not text.strip():
+        return ""
+    return text.strip().splitlines()[-1][:300]

@@ -1,0 +1,217 @@
+"""`miniswe batch`: load and check everything, decide what to (re)run, run the pool, write the run's files.
+
+Resume: tasks whose latest record is an agent outcome are kept; the rest (never run, interrupted,
+crashed, infrastructure failures) run again. `--redo failed|all|ID,...` widens that.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import socket
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from miniswe.batch.files import write_atomic
+from miniswe.batch.ledger import Ledger
+from miniswe.batch.plan import Plan, plan_tasks
+from miniswe.batch.pool import Pool
+from miniswe.batch.progress import BatchState, make_progress
+from miniswe.batch.report import build_report, render_markdown
+from miniswe.batch.rundir import AGENT_STATUSES, REPORT_MD, RunDir, model_identity
+from miniswe.batch.selection import select_tasks
+from miniswe.batch.stop import StopControl, install_signal_handlers
+from miniswe.batch.tasks import TaskFile, load_tasks
+from miniswe.config import Config
+from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
+from miniswe.runner import check_ready, redacted
+from miniswe.status import EXIT_INFRA, EXIT_SIGINT, EXIT_SIGTERM, INFRA_FAILURES
+from miniswe.templates import Renderer
+
+INFRA_STATUSES = {str(status) for status in INFRA_FAILURES}
+
+
+@dataclass
+class BatchOptions:
+    tasks: str
+    run_dir: str | None = None
+    workers: int = 1
+    filter: str | None = None
+    slice: str | None = None
+    shuffle: bool = False
+    seed: int | None = None
+    shard: str | None = None
+    redo: str | None = None
+    force: bool = False
+    max_concurrent_calls: int = 0
+    batch_cost_limit: float = 0.0
+    batch_token_limit: int = 0
+    quiet: bool = False
+    command: str = ""  # the command line that reruns this batch, for the report
+
+
+@dataclass
+class BatchResult:
+    exit_code: int
+    run_dir: str
+    report: dict[str, Any]
+    markdown: str
+    ran: int = 0
+    kept: int = 0
+    not_started: list[str] = field(default_factory=list)
+
+
+def default_run_dir(tasks_path: str) -> str:
+    stem = re.sub(r"\.(jsonl|json|ya?ml)$", "", os.path.basename(tasks_path), flags=re.IGNORECASE)
+    return os.path.join("trajectories", stem or "batch")
+
+
+def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = None) -> BatchResult:
+    """Run a batch to the end (or until stopped); bad input raises UsageError before anything runs."""
+    if options.workers < 1:
+        raise UsageError(f"--workers {options.workers}: must be 1 or more")
+    task_file = load_tasks(options.tasks)
+    selected = select_tasks(task_file.tasks, filter=options.filter, slice=options.slice, shuffle=options.shuffle,
+                            seed=options.seed, shard=options.shard)
+    if not selected:
+        raise UsageError(f"{options.tasks}: no task selected by --filter/--slice/--shard (the file has {len(task_file.tasks)})")
+    run_dir = RunDir(options.run_dir or default_run_dir(options.tasks))
+    plans = plan_tasks(task_file, selected, config, run_dir.path)
+    renderers = check_plans(task_file, plans)
+    check_endpoints(plans)
+
+    run_dir.lock()
+    try:
+        previous = run_dir.read_run()
+        identity = model_identity(config)
+        if previous and not options.force:
+            run_dir.check_same(previous, task_file.sha256, os.path.abspath(options.tasks), identity)
+        ledger = Ledger(run_dir.path)
+        redo = redo_ids(options.redo, [p.id for p in plans], ledger.records)
+        todo = [p for p in plans if p.id in redo or ledger.records.get(p.id, {}).get("exit_status") not in AGENT_STATUSES]
+        todo_ids = {p.id for p in todo}
+        kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]
+        run = run_dir.start_run(previous, _run_info(task_file, options, config, identity, len(selected)))
+        ledger.compact()
+        run_dir.write_preds(ledger.snapshot())
+        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream)
+    finally:
+        run_dir.unlock()
+
+
+def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream) -> BatchResult:
+    """Run the pool with signals routed to it, then write preds.json, report.md and run.json's end."""
+    state = BatchState(len(plans), kept)
+    progress = make_progress(options.quiet, stream)
+    control = StopControl(cost_limit=options.batch_cost_limit, token_limit=options.batch_token_limit)
+    if not options.quiet:
+        progress.notice(
+            f"miniswe batch: {len(plans)} tasks, {len(kept)} already done, {len(todo)} to run with "
+            f"{min(options.workers, max(len(todo), 1))} worker(s) → {run_dir.path}"
+        )
+    pool = Pool(todo, workers=options.workers, control=control, ledger=ledger, state=state, progress=progress,
+                renderers=renderers, max_concurrent_calls=options.max_concurrent_calls,
+                after_record=lambda record: run_dir.write_preds(ledger.snapshot))
+    restore = install_signal_handlers(control)
+    try:
+        progress.begin(state)
+        try:
+            pool.run()
+        finally:
+            progress.end()
+        ledger.compact()
+        records = ledger.snapshot()
+        run_dir.write_preds(records)
+        report = build_report(records)
+        markdown = render_markdown(report, records, run, run_dir.path)
+        write_atomic(run_dir.file(REPORT_MD), markdown)
+        finished = {r["id"]: r for r in records}
+        not_started = [p.id for p in plans if p.id not in finished]
+        code = _exit_code(control, [finished[p.id] for p in plans if p.id in finished], pool.record_failures)
+        status = "interrupted" if control.signal_name else "incomplete" if not_started else "finished"
+        if not_started and not control.signal_name:
+            reason = control.budget_reached() or "stopped early"
+            progress.notice(f"miniswe: {len(not_started)} task(s) not started ({reason}); rerun the same command to continue")
+        run_dir.end_run(run, status, {"ran": state.finished, "kept": len(kept), "exit_code": code})
+    finally:
+        restore()
+    return BatchResult(code, run_dir.path, report, markdown, state.finished, len(kept), not_started)
+
+
+def check_plans(task_file: TaskFile, plans: list[Plan]) -> dict[str, Renderer]:
+    """Templates and model settings of every distinct task config, checked once; renderers by templates dir."""
+    renderers: dict[str, Renderer] = {}
+    seen: set[tuple] = set()
+    for plan in plans:
+        model, agent = plan.config.model, plan.config.agent
+        key = (model.kind, model.base_url, model.name, model.script, agent.templates_dir)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            renderer = check_ready(plan.config)
+        except ConfigError as error:
+            if not (plan.task.config or plan.task.env):
+                raise
+            raise TaskFileError(f"{task_file.path}: {plan.task.where} (id {plan.id}): {error}") from None
+        renderers.setdefault(agent.templates_dir, renderer)
+    return renderers
+
+
+def check_endpoints(plans: list[Plan]) -> None:
+    """Fail in one line before anything runs when an endpoint cannot be reached at all, rather than
+    letting every task spend its retries on it. A reachable but failing endpoint is each task's ModelError."""
+    models = {plan.config.model.base_url: plan.config.model for plan in plans if plan.config.model.kind == "openai"}
+    for model in models.values():
+        parts = urllib.parse.urlsplit(model.base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"model.base_url: {model.base_url!r} is not an http(s) URL; pass e.g. --base-url http://127.0.0.1:8000/v1")
+        try:
+            socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
+                                     timeout=model.connect_timeout or None).close()
+        except OSError as error:
+            reason = error.strerror or str(error) or type(error).__name__
+            raise ModelError(f"cannot reach {model.base_url}: {reason.lower()}; check --base-url (no task was run)") from None
+
+
+def redo_ids(redo: str | None, ids: list[str], records: dict[str, dict[str, Any]]) -> set[str]:
+    """Tasks to run again even though they ended with an agent outcome."""
+    if not redo:
+        return set()
+    if redo == "all":
+        return set(ids)
+    if redo == "failed":  # the agent's own failures: not submitted, or submitted but not resolved
+        return {i for i in ids if i in records and not (records[i]["exit_status"] == "Submitted" and records[i].get("resolved") is not False)}
+    wanted = [i.strip() for i in redo.split(",") if i.strip()]
+    for task_id in wanted:
+        if task_id not in ids:
+            close = difflib.get_close_matches(task_id, ids, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else " (use failed, all, or ids of selected tasks)"
+            raise UsageError(f"--redo: no selected task has id {task_id!r}{hint}")
+    return set(wanted)
+
+
+def _exit_code(control: StopControl, records: list[dict[str, Any]], record_failures: int) -> int:
+    if control.signal_name:
+        return EXIT_SIGTERM if control.signal_name == "SIGTERM" else EXIT_SIGINT
+    if record_failures or any(r["exit_status"] in INFRA_STATUSES for r in records):
+        return EXIT_INFRA
+    return 0
+
+
+def _run_info(task_file: TaskFile, options: BatchOptions, config: Config, identity: dict[str, str], selected: int) -> dict[str, Any]:
+    return {
+        "task_file": {"path": os.path.abspath(task_file.path), "sha256": task_file.sha256, "tasks": len(task_file.tasks)},
+        "model": identity,
+        "config": redacted(config),
+        "command": options.command,
+        "selected": selected,
+        "options": {
+            "workers": options.workers, "filter": options.filter, "slice": options.slice, "shuffle": options.shuffle,
+            "seed": options.seed, "shard": options.shard, "redo": options.redo, "force": options.force,
+            "max_concurrent_calls": options.max_concurrent_calls, "batch_cost_limit": options.batch_cost_limit,
+            "batch_token_limit": options.batch_token_limit,
+        },
+    }
