@@ -276,16 +276,37 @@ def _rerun_command(command: str, output: str | None, run_dir: str, fallback: lis
     return shlex.join(["miniswe", command, *argv])
 
 
+@app.command()
+def cleanup(
+    all_containers: Annotated[bool, typer.Option("--all", help="Remove every miniswe container, live owners' too.")] = False,
+    executable: Annotated[str, typer.Option("--executable", help="docker or podman.")] = "docker",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed.")] = False,
+) -> None:
+    """Remove containers left by miniswe runs whose process is gone (after kill -9 or a crash)."""
+    from miniswe.environments.docker import find_orphans, remove_containers
+    from miniswe.errors import MinisweError
+
+    try:
+        found = find_orphans(executable, all=all_containers)
+        for container in found:
+            print(f"{container['name']}\trun {container['run']}\towner pid {container['pid']} on {container['host']}\t{container['state']}")
+        removed = [] if dry_run else remove_containers([c["id"] for c in found], executable)
+    except MinisweError as error:
+        fail(error)
+    what = "would remove" if dry_run else "removed"
+    print(f"{what} {len(found) if dry_run else len(removed)} container(s)", file=sys.stderr)
+
+
 def _warn_orphans(cfg) -> None:
+    """One line when dead runs left containers behind; never a reason to stop this run."""
     if cfg.environment.kind != "docker":
         return
-    try:
-        from miniswe.environments.docker import find_orphans
-    except ImportError:
-        return
+    from miniswe.environments.docker import find_orphans
+    from miniswe.errors import MinisweError
+
     try:
         orphans = find_orphans(cfg.environment.executable)
-    except Exception:
+    except MinisweError:
         return
     if orphans:
         print(f"miniswe: warning: {len(orphans)} container(s) left by dead miniswe runs; remove them with `miniswe cleanup`", file=sys.stderr)
