@@ -59,6 +59,8 @@ class SwapFile:
 
     def write(self, data: str | bytes) -> None:
         raw = data.encode("utf-8") if isinstance(data, str) else data
+        if self._back >= 0 and not self._names_unchanged():
+            self.close()  # someone else replaced one of the files: start over from the file as it is now
         if self._exchange and self._back < 0 and os.path.exists(self.path):
             self._front = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
             self._back = os.open(self.twin, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
@@ -77,6 +79,13 @@ class SwapFile:
                 return
             raise OSError(errno, f"cannot save {self.path}: {os.strerror(errno)}")
         self._front, self._back = self._back, self._front
+
+    def _names_unchanged(self) -> bool:
+        try:
+            return (os.fstat(self._front).st_ino, os.fstat(self._back).st_ino) == (
+                os.stat(self.path).st_ino, os.stat(self.twin).st_ino)
+        except OSError:
+            return False
 
     def close(self) -> None:
         """Release the twin; the file itself stays as last written."""

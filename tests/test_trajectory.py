@@ -75,3 +75,21 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_file_replaced_by_someone_else_is_not_clobbered_later(tmp_path):
+    """Another writer (the batch marking a stuck task Interrupted) may replace the file between saves."""
+    path = tmp_path / "t.traj.json"
+    traj = Trajectory(str(path), task="t", config={}, environment={})
+    traj.save()
+    traj.save()
+    other = tmp_path / "other.json"
+    other.write_text('{"format": "miniswe-trajectory", "version": 1, "by": "other"}')
+    os.replace(other, path)
+    traj.add_step({"step": 1})
+    traj.save()
+    assert load(str(path))["steps"] == [{"step": 1}]
+    traj.add_step({"step": 2})
+    traj.save()
+    assert len(load(str(path))["steps"]) == 2
+    traj.close()
