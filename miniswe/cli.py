@@ -13,10 +13,11 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     add_completion=False,
+    rich_markup_mode=None,
     help="miniswe: a small coding agent that runs one shell command per model reply.",
 )
 
-ConfigOpt = Annotated[list[str], typer.Option("-c", "--config", help="YAML file or key.path=value; repeatable, merged left to right.")]
+ConfigOpt = Annotated[list[str], typer.Option("-c", "--config", metavar="FILE|KEY=VALUE", help="YAML file or key.path=value; repeatable, merged left to right.")]
 ModelOpt = Annotated[Optional[str], typer.Option("-m", "--model", help="Model name (default: model.name, or $MINISWE_MODEL).")]
 BaseUrlOpt = Annotated[Optional[str], typer.Option("--base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL, else model.base_url).")]
 StepOpt = Annotated[Optional[int], typer.Option("--step-limit", help="Model calls per run (0 = unlimited).")]
@@ -92,7 +93,11 @@ def run(
     script: Annotated[Optional[str], typer.Option("--script", help="Use the scripted model with replies from this YAML/JSON file.")] = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Solve one task, showing each step; exit 0 submitted, 1 not submitted, 2 bad input, 3 infrastructure failure."""
+    """Solve one task, showing each step.
+
+    Exit codes: 0 submitted, 1 stopped without submitting, 2 bad input, 3 infrastructure failure,
+    130/143 interrupted.
+    """
     from miniswe.errors import MinisweError, UsageError
     from miniswe.status import exit_code
 
@@ -154,7 +159,10 @@ def batch(
     batch_token_limit: Annotated[int, typer.Option("--batch-token-limit", help="Tokens for the whole batch, like --batch-cost-limit (0 = unlimited).")] = 0,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress; print one summary line instead of the report.")] = False,
 ) -> None:
-    """Run a task list in parallel into a resumable run directory; exit 0 all ended by the agent, 3 infrastructure failures, 2 bad input, 130/143 interrupted."""
+    """Run a task list in parallel, resumably.
+
+    Exit codes: 0 every task ended by the agent, 3 infrastructure failures, 2 bad input, 130/143 interrupted.
+    """
     from miniswe.errors import MinisweError
 
     try:
@@ -179,7 +187,10 @@ def report(
     run_dir: Annotated[str, typer.Argument(help="A run directory of `miniswe batch` or `miniswe merge`.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
 ) -> None:
-    """Summarise a batch run: outcomes, resolved rate, steps/tokens/cost/time, failures and how to rerun them."""
+    """Summarise a batch run.
+
+    Outcomes, resolved rate, steps/tokens/cost/time, failures and how to rerun them.
+    """
     import json
 
     from miniswe.batch.report import build_report, load_run, render_markdown
@@ -200,7 +211,10 @@ def merge(
     force: Annotated[bool, typer.Option("--force", help="Merge runs of different task files or models; overwrite OUT.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the merged report as JSON.")] = False,
 ) -> None:
-    """Combine shard run directories into one ledger, preds.json, report and set of trajectories."""
+    """Combine shard run directories into one.
+
+    One ledger, preds.json, report and set of trajectories; conflicting duplicates are refused.
+    """
     import json
 
     from miniswe.batch.merge import merge_runs
@@ -221,7 +235,10 @@ def demo(
     workers: Annotated[int, typer.Option("-w", "--workers", help="Tasks run in parallel.")] = 4,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress; print one summary line instead of the report.")] = False,
 ) -> None:
-    """Run the bundled demo tasks through the batch runner: offline with the scripted model, or a real one with --base-url and -m."""
+    """Run the bundled demo tasks, offline by default.
+
+    The batch runner with the scripted model, or a real model with --base-url and -m.
+    """
     from miniswe.errors import MinisweError
 
     try:
@@ -282,7 +299,10 @@ def cleanup(
     executable: Annotated[str, typer.Option("--executable", help="docker or podman.")] = "docker",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed.")] = False,
 ) -> None:
-    """Remove containers left by miniswe runs whose process is gone (after kill -9 or a crash)."""
+    """Remove containers left by dead miniswe runs.
+
+    Those whose owning process is gone (after kill -9 or a crash); --all removes every one.
+    """
     from miniswe.environments.docker import find_orphans, remove_containers
     from miniswe.errors import MinisweError
 
