@@ -220,3 +220,28 @@ def test_help_imports_no_heavy_module():
     )
     result = subprocess.run([*miniswe_cmd()[:1], "-c", code], capture_output=True, text=True, env=clean_env(), cwd=ROOT)
     assert "LOADED []" in result.stdout, result.stdout[-300:]
+
+
+def test_404_names_the_base_url_fix(cli, server):
+    server.push({"status": 404, "body": {"error": {"message": "The model `nope` does not exist"}}})
+    result = cli("run", "x", *endpoint(server), "-o", "t.json")
+    assert result.returncode == 3 and len(server.requests) == 1, "a 404 must not be retried"
+    assert "does not exist" in result.stderr and "check --base-url" in result.stderr
+
+
+def test_template_with_an_unknown_variable_fails_before_anything_runs(cli, server, tmp_path):
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "observation.j2").write_text("{{ output }} {{ exit_code }}")
+    server.push(SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", f"agent.templates_dir={tmp_path / 'tpl'}")
+    assert result.returncode == 2
+    assert "observation.j2: unknown template variable 'exit_code'" in result.stderr
+    assert server.requests == [] and not (tmp_path / "t.json").exists()
+
+
+def test_a_user_template_overrides_the_shipped_one(cli, server, tmp_path):
+    (tmp_path / "tpl").mkdir()
+    (tmp_path / "tpl" / "observation.j2").write_text("RC={{ returncode }} OUT={{ output }}")
+    server.push(act("echo hi"), SUBMIT)
+    cli("run", "x", *endpoint(server), "-o", "t.json", "-c", f"agent.templates_dir={tmp_path / 'tpl'}")
+    assert server.requests[1]["body"]["messages"][-1]["content"] == "RC=0 OUT=hi"
