@@ -41,6 +41,7 @@ def bounded_view(output: str, limit: int) -> tuple[str, int]:
     return output[:half] + "\n...\n" + output[len(output) - (limit - half) :], len(output) - limit
 
 
+NO_TIMEOUT = 365 * 86400.0
 StopCheck = Callable[[], "Outcome | None"]
 StepObserver = Callable[[dict[str, Any], Reply], None]
 
@@ -68,7 +69,6 @@ class Agent:
         self.usage = trajectory.data["usage"]
         self.format_errors = 0
         self.started = 0.0
-        self._last_timeout = config.environment.timeout
         self.variables = {
             **system_info(),
             "action_tag": config.protocol.action_tags[0],
@@ -107,8 +107,8 @@ class Agent:
         step_no = len(self.trajectory.steps) + 1
         reply = self.model.complete(self.messages)
         self._count(reply)
-        self._add("assistant", reply.content, step=step_no, reasoning=reply.reasoning, finish_reason=reply.finish_reason,
-                  usage=vars(reply.usage), latency_s=round(reply.latency_s, 4))
+        self._add("assistant", reply.content, step=step_no, reasoning=reply.reasoning,
+                  finish_reason=reply.finish_reason, usage=vars(reply.usage), latency_s=round(reply.latency_s, 4))
         try:
             if reply.finish_reason == "length":
                 raise FormatError("truncated", "the reply was cut off at the token limit (finish_reason=length)")
@@ -116,39 +116,46 @@ class Agent:
         except FormatError as error:
             return self._reject(step_no, reply, error)
         self.format_errors = 0
-        result = self.env.execute(command, timeout=self._command_timeout())
-        self._observe(step_no, reply, command, result)
+        timeout = self._command_timeout()
+        result = self.env.execute(command, timeout=timeout)
+        self._observe(step_no, reply, command, result, timeout)
         submitted = submission(result.output, result.returncode, self.config.protocol.submit_marker)
         if submitted is not None:
             return Outcome(ExitStatus.SUBMITTED, None, submitted)
         if result.timed_out and self._time_left() <= 0:
-            return Outcome(ExitStatus.TIME_EXCEEDED, f"time_limit of {_number(self.config.agent.time_limit)}s reached during a command")
+            limit = _number(self.config.agent.time_limit)
+            return Outcome(ExitStatus.TIME_EXCEEDED, f"time_limit of {limit}s reached during a command")
         return None
 
     def _reject(self, step_no: int, reply: Reply, error: FormatError) -> Outcome | None:
         self.format_errors += 1
         limit = self.config.agent.max_format_errors
-        self._record(step_no, reply, {"command": None, "format_error": error.kind, "returncode": None, "timed_out": False,
-                                      "output": "", "output_chars": 0, "duration_s": 0.0})
+        self._record(step_no, reply, command=None, format_error=error.kind, returncode=None, timed_out=False,
+                     output="", output_chars=0, duration_s=0.0)
         if limit and self.format_errors >= limit:
-            return Outcome(ExitStatus.REPEATED_FORMAT_ERROR, f"{self.format_errors} malformed replies in a row; last: {error}")
-        self._add("user", self.renderer.render(
-            "format_error.j2", reason=error.kind, error=str(error), errors_left=(limit - self.format_errors) if limit else "Further",
-            action_tag=self.variables["action_tag"], submit_marker=self.variables["submit_marker"]), step=step_no)
+            detail = f"{self.format_errors} malformed replies in a row; last: {error}"
+            return Outcome(ExitStatus.REPEATED_FORMAT_ERROR, detail)
+        guidance = self.renderer.render(
+            "format_error.j2", reason=error.kind, error=str(error),
+            errors_left=(limit - self.format_errors) if limit else "Further",
+            action_tag=self.variables["action_tag"], submit_marker=self.variables["submit_marker"],
+        )
+        self._add("user", guidance, step=step_no)
         return None
 
-    def _observe(self, step_no: int, reply: Reply, command: str, result: CommandResult) -> None:
+    def _observe(self, step_no: int, reply: Reply, command: str, result: CommandResult, timeout: float) -> None:
         view, elided = bounded_view(result.output, self.config.agent.output_limit)
-        self._record(step_no, reply, {"command": command, "format_error": None, "returncode": result.returncode,
-                                      "timed_out": result.timed_out, "output": result.output,
-                                      "output_chars": result.output_chars, "duration_s": round(result.duration_s, 4)})
+        self._record(step_no, reply, command=command, format_error=None, returncode=result.returncode,
+                     timed_out=result.timed_out, output=result.output, output_chars=result.output_chars,
+                     duration_s=round(result.duration_s, 4))
         observation = self.renderer.render(
             "observation.j2", output=view, returncode=result.returncode, timed_out=result.timed_out,
-            command_timeout=_number(round(self._last_timeout, 1)), elided_chars=elided + result.elided_chars,
-            output_chars=result.output_chars, duration_s=round(result.duration_s, 3))
+            command_timeout=_number(round(timeout, 1)), elided_chars=elided + result.elided_chars,
+            output_chars=result.output_chars, duration_s=round(result.duration_s, 3),
+        )
         self._add("user", observation, step=step_no)
 
-    def _record(self, step_no: int, reply: Reply, fields: dict[str, Any]) -> None:
+    def _record(self, step_no: int, reply: Reply, **fields: Any) -> None:
         step = {"step": step_no, **fields}
         self.trajectory.add_step(step)
         if self.on_step:
@@ -171,15 +178,16 @@ class Agent:
         return limit - (time.monotonic() - self.started) if limit else float("inf")
 
     def _command_timeout(self) -> float:
-        self._last_timeout = min(self.config.environment.timeout or float("inf"), self._time_left())
-        return self._last_timeout if self._last_timeout != float("inf") else 10 * 365 * 86400
+        """The command's own timeout, or the run's time left if that is shorter (0 = no timeout: a year)."""
+        return min(self.config.environment.timeout or NO_TIMEOUT, self._time_left())
 
     def _limit_reached(self) -> Outcome | None:
         agent, usage = self.config.agent, self.usage
         if agent.step_limit and usage["model_calls"] >= agent.step_limit:
             return Outcome(ExitStatus.LIMITS_EXCEEDED, f"step_limit: {agent.step_limit} model calls")
         if agent.token_limit and usage["total_tokens"] >= agent.token_limit:
-            return Outcome(ExitStatus.LIMITS_EXCEEDED, f"token_limit: {usage['total_tokens']} >= {agent.token_limit} tokens")
+            detail = f"token_limit: {usage['total_tokens']} >= {agent.token_limit} tokens"
+            return Outcome(ExitStatus.LIMITS_EXCEEDED, detail)
         if agent.cost_limit and usage["cost"] >= agent.cost_limit:
             return Outcome(ExitStatus.LIMITS_EXCEEDED, f"cost_limit: ${usage['cost']:.4f} >= ${agent.cost_limit:g}")
         if self._time_left() <= 0:
