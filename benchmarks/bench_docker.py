@@ -1,24 +1,38 @@
 """Docker environment overhead on this machine, against a bare `docker exec C true` loop.
 
     python benchmarks/bench_docker.py [--steps 100] [--image miniswe-test:latest] [--executable docker]
+                                      [--batch-tasks 8] [--batch-steps 3] [--batch-workers 4]
 
 Reports: container start (DockerEnvironment() until ready) and removal (close()); per-step wall time of
 execute("true") against bare `docker exec C true` and `docker exec C bash -c true` in the same container,
-and a local `bash -c true`.
+and a local `bash -c true`; and how many containers a `miniswe batch --image IMAGE -w 4` keeps alive at
+once (polling `docker ps -a` while it runs: at most one per worker) and how many are left when it ends (0).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 from miniswe.environments.docker import DockerConfig, DockerEnvironment  # noqa: E402
+from openai_server import ScriptedServer  # noqa: E402
+
+# One reply for every call (the workers share the server): a counter in the task's container submits at $STEPS.
+COUNTER = (
+    "THOUGHT: next.\n\n```bash\n"
+    'n=$(( $(cat .n) + 1 )); echo $n > .n; '
+    'if [ "$n" -ge "$STEPS" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; fi\n```\n'
+)
 
 
 def ms(values: list[float]) -> str:
@@ -36,11 +50,72 @@ def interleaved(fns: list, n: int) -> list[list[float]]:
     return out
 
 
+def batch_containers(args: argparse.Namespace) -> tuple[list[tuple[str, str]], list[str]]:
+    """Run a real `miniswe batch --image` and count this batch's containers on the engine while it runs."""
+    import yaml
+
+    tag = uuid.uuid4().hex[:8]
+    tasks = [
+        {"id": f"bench-{tag}-{i:02d}", "task": "count", "cwd": "/tmp", "env": {"env": {"STEPS": str(args.batch_steps)}},
+         "setup": ["echo 0 > .n"], "eval": [f'test "$(cat .n)" -eq {args.batch_steps}']}
+        for i in range(args.batch_tasks)
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MINISWE_"))}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+
+    def mine() -> list[str]:
+        listed = subprocess.run(
+            [args.executable, "ps", "-a", "--format", "{{.Names}}", "--filter", "label=miniswe.run"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return [name for name in listed.stdout.split() if f"-bench-{tag}-" in name]
+
+    with tempfile.TemporaryDirectory() as workdir, ScriptedServer(default=COUNTER, latency=0.02) as server:
+        with open(os.path.join(workdir, "tasks.yaml"), "w") as handle:
+            yaml.safe_dump(tasks, handle)
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "miniswe", "batch", "tasks.yaml", "-o", "run", "-w", str(args.batch_workers),
+             "--image", args.image, "-c", f"environment.executable={args.executable}", "--base-url", server.base_url,
+             "-m", "bench", "-q"],
+            cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        counts, seen = [], set()
+        while proc.poll() is None:
+            alive = mine()
+            counts.append(len(alive))
+            seen.update(alive)
+            time.sleep(0.02)
+        wall = time.perf_counter() - started
+        out, err = proc.communicate()
+        left = mine()
+        if proc.returncode != 0:
+            raise SystemExit(f"batch failed ({proc.returncode}):\n{out}{err}")
+        with open(os.path.join(workdir, "run", "results.jsonl")) as handle:
+            records = [json.loads(line) for line in handle]
+    assert len(records) == args.batch_tasks and all(r["resolved"] and r["steps"] == args.batch_steps for r in records)
+    busy = [c for c in counts if c]
+    most = max(counts, default=0)
+    label = f"{args.batch_workers}-worker batch, {args.batch_tasks} tasks x {args.batch_steps} steps"
+    rows = [
+        (f"{label}: containers alive at once", f"max {most} (target <= {args.batch_workers}), median "
+                                              f"{statistics.median(busy or [0]):g} while any ({len(counts)} polls of `ps -a`)"),
+        (f"{label}: containers seen / left at the end", f"{len(seen)} / {len(left)} (target: 0 left)"),
+        (f"{label}: wall time (all resolved)", f"{wall:7.2f} s"),
+    ]
+    problems = [f"{most} containers alive at once with {args.batch_workers} workers"] if most > args.batch_workers else []
+    problems += [f"{len(left)} container(s) left after the batch: {' '.join(left)}"] if left else []
+    return rows, problems
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--image", default="miniswe-test:latest")
     parser.add_argument("--executable", default="docker")
+    parser.add_argument("--batch-tasks", type=int, default=8)
+    parser.add_argument("--batch-steps", type=int, default=3)
+    parser.add_argument("--batch-workers", type=int, default=4)
     args = parser.parse_args()
     cfg = DockerConfig(image=args.image, executable=args.executable, pull="never")
     rows = []
@@ -76,11 +151,17 @@ def main() -> None:
     overhead = (statistics.median(steps) - statistics.median(bare)) * 1000
     rows.append(("overhead per step vs bare exec", f"{overhead:+7.1f} ms"))
     rows.append((f"local `bash -c true`, {args.steps} steps", ms(local)))
+    batch_rows, problems = batch_containers(args)
+    rows.extend(batch_rows)
 
     width = max(len(r[0]) for r in rows)
     print(f"miniswe docker benchmark ({args.executable}, {args.image}; {os.cpu_count()} cores)")
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
+    for problem in problems:
+        print(f"FAIL: {problem}")
+    if problems:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

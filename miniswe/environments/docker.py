@@ -341,11 +341,15 @@ def remove_containers(ids: list[str], executable: str = "docker") -> list[str]:
 
 
 def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks after boot (/proc/PID/stat field 22), or None if it is gone."""
+    """The process's start time in clock ticks after boot (/proc/PID/stat field 22), or None if it is gone.
+
+    A zombie (killed, not yet reaped by its parent) is gone: it has exited and can clean up nothing.
+    """
     try:
         with open(f"/proc/{pid}/stat") as stat:
             # the command name (field 2) may hold spaces and parentheses: split after its closing one
-            return stat.read().rpartition(")")[2].split()[19]
+            fields = stat.read().rpartition(")")[2].split()
+        return None if fields[0] in ("Z", "X") else fields[19]
     except (OSError, IndexError):
         return None
 
