@@ -51,28 +51,30 @@ def resolve_config(
     """Defaults, then -c sources, then flags. $OPENAI_BASE_URL and $MINISWE_MODEL fill what config leaves empty."""
     from miniswe.config import load_config, override
 
-    config = load_config(*sources)
-    sections: dict = {"model": {}, "agent": {}, "environment": {}}
-    base_url = base_url or (None if config.model.base_url else os.environ.get("OPENAI_BASE_URL"))
-    model = model or (None if config.model.name else os.environ.get("MINISWE_MODEL"))
+    flags: dict = {"model": {}, "agent": {}, "environment": {}}
     if base_url:
-        sections["model"]["base_url"] = base_url
+        flags["model"]["base_url"] = base_url
     if model:
-        sections["model"]["name"] = model
+        flags["model"]["name"] = model
     if script:
-        sections["model"].update(kind="scripted", script=script)
+        flags["model"].update(kind="scripted", script=script)
     for key, value in (("step_limit", step_limit), ("token_limit", token_limit),
                        ("cost_limit", cost_limit), ("time_limit", time_limit)):
         if value is not None:
-            sections["agent"][key] = value
+            flags["agent"][key] = value
     if image:
-        sections["environment"].update(kind="docker", image=image)
+        flags["environment"].update(kind="docker", image=image)
     if env:
-        sections["environment"]["kind"] = env
+        flags["environment"]["kind"] = env
     if cwd:
-        sections["environment"]["cwd"] = cwd
-    sections = {name: values for name, values in sections.items() if values}
-    return override(config, **sections) if sections else config
+        flags["environment"]["cwd"] = cwd
+    config = load_config(*sources, {name: values for name, values in flags.items() if values})
+    from_env = {}
+    if not config.model.base_url and os.environ.get("OPENAI_BASE_URL"):
+        from_env["base_url"] = os.environ["OPENAI_BASE_URL"]
+    if not config.model.name and os.environ.get("MINISWE_MODEL"):
+        from_env["name"] = os.environ["MINISWE_MODEL"]
+    return override(config, model=from_env) if from_env else config
 
 
 @app.command()

@@ -100,7 +100,7 @@ def load_config(*sources: str | dict[str, Any], defaults: bool = True) -> Config
     for source in ([default_config_path()] if defaults else []) + list(sources):
         name, data = _read_source(source, yaml)
         _merge(merged, data, name, origin, prefix="")
-    return _build(Config, merged, origin, prefix="")
+    return _checked(_build(Config, merged, origin, prefix=""))
 
 
 def override(config: Config, **changes: dict[str, Any]) -> Config:
@@ -109,12 +109,24 @@ def override(config: Config, **changes: dict[str, Any]) -> Config:
     origin: dict[str, str] = {}
     for section, values in changes.items():
         _merge(data, {section: values}, "override", origin, prefix="")
-    return _build(Config, data, origin, prefix="")
+    return _checked(_build(Config, data, origin, prefix=""))
+
+
+def _checked(config: Config) -> Config:
+    """Settings that are fine alone but wrong together."""
+    env = config.environment
+    if env.kind == "local" and env.image:
+        # running an image's untrusted commands on the host by mistake is the one thing not to do quietly
+        raise ConfigError(
+            f"environment.image is {env.image!r} but environment.kind is local: set environment.kind=docker "
+            "(or pass --env docker / --image) to run in the image, or remove environment.image"
+        )
+    return config
 
 
 def _read_source(source: str | dict[str, Any], yaml: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(source, dict):
-        return "override", source
+        return "command line", source
     if "=" in source and not os.path.exists(source):
         key, _, raw = source.partition("=")
         try:

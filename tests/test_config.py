@@ -77,3 +77,9 @@ def test_default_yaml_documents_every_key():
             line = next((ln for ln in lines if ln.startswith(f"{key.name}:")), None)
             assert line is not None, f"{section}.{key.name} missing from default.yaml"
             assert "#" in line, f"{section}.{key.name} has no comment in default.yaml"
+
+
+def test_an_image_with_the_local_environment_is_refused():
+    with pytest.raises(ConfigError, match="environment.image is 'python:3.12' but environment.kind is local"):
+        load_config("environment.image=python:3.12")
+    assert load_config("environment.image=python:3.12", "environment.kind=docker").environment.kind == "docker"

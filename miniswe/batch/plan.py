@@ -61,6 +61,8 @@ def plan_task(task: Task, base: Config, run_dir: str, task_dir: str) -> Plan:
                 f"timeout, variables go under `env: {{env: {{{upper[0]}: ...}}}}`"
             )
         environment.update(task.env)
+        if "image" in task.env and "kind" not in task.env:
+            environment["kind"] = "docker"  # like --image: an image means the task runs in it, never on the host
     kind = environment.get("kind", base.environment.kind)
     run_dir = os.path.abspath(run_dir)
     workspace = None
