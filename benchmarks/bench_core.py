@@ -69,6 +69,7 @@ def bare_loop(base_url: str, steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions of the per-step runs")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="miniswe-bench-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
@@ -84,22 +85,26 @@ def main() -> None:
     rows.append(("one-step run wall (median of 3)", f"{statistics.median(o[0] for o in one):.3f} s", "< 0.5 s"))
     rows.append(("one-step run peak RSS", f"{max(o[1] for o in one):.1f} MB", "< 60 MB"))
 
-    results = {}
-    for label, quiet in (("-q", ["-q"]), ("default display", [])):
-        with ScriptedServer([act("echo step output")] * args.steps + [SUBMIT]) as server:
-            argv = [sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m",
-                    "--step-limit", str(args.steps + 1), "-o", "long.json", *quiet]
-            code = child_peak_rss(argv, work, env)[2]
-            assert code == 0, f"benchmark run failed with exit {code}"
-            results[label] = gaps(server.requests)
-    with ScriptedServer([act("echo step output")] * (args.steps + 1)) as server:
-        bare_loop(server.base_url, args.steps + 1)
-        results["bare loop"] = gaps(server.requests)
-    bare = statistics.mean(results["bare loop"])
-    for label, values in results.items():
-        first, last = statistics.mean(values[:10]), statistics.mean(values[-10:])
-        rows.append((f"per-step gap, {label}: all / first 10 / last 10", f"{statistics.mean(values):.2f} / {first:.2f} / {last:.2f} ms",
-                     f"{statistics.mean(values) / bare:.2f}x bare; last/first {last / first:.2f}"))
+    # Interleaved rounds, medians: a shared VM's noise moves single runs by 30% or more.
+    results: dict[str, list[list[float]]] = {"-q": [], "default display": [], "bare loop": []}
+    for _ in range(args.rounds):
+        for label, quiet in (("default display", []), ("-q", ["-q"])):
+            with ScriptedServer([act("echo step output")] * args.steps + [SUBMIT]) as server:
+                argv = [sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m",
+                        "--step-limit", str(args.steps + 1), "-o", "long.json", *quiet]
+                code = child_peak_rss(argv, work, env)[2]
+                assert code == 0, f"benchmark run failed with exit {code}"
+                results[label].append(gaps(server.requests))
+        with ScriptedServer([act("echo step output")] * (args.steps + 1)) as server:
+            bare_loop(server.base_url, args.steps + 1)
+            results["bare loop"].append(gaps(server.requests))
+    bare = statistics.median(statistics.median(run) for run in results["bare loop"])
+    for label, runs in results.items():
+        typical = statistics.median(statistics.median(run) for run in runs)
+        first = statistics.median(g for run in runs for g in run[:10])
+        last = statistics.median(g for run in runs for g in run[-10:])
+        rows.append((f"per-step gap, {label}: median / first 10 / last 10", f"{typical:.2f} / {first:.2f} / {last:.2f} ms",
+                     f"{typical / bare:.2f}x bare; last/first {last / first:.2f}"))
 
     with ScriptedServer([act("head -c 100000000 /dev/zero | tr '\\0' x")] * 3 + [SUBMIT]) as server:
         wall, rss, code = child_peak_rss([sys.executable, "-m", "miniswe", "run", "flood", "--base-url", server.base_url,
@@ -107,7 +112,7 @@ def main() -> None:
     rows.append(("peak RSS, 3 commands x 100 MB output", f"{rss:.1f} MB", "< 80 MB"))
 
     width = max(len(r[0]) for r in rows)
-    print(f"miniswe core benchmark ({args.steps} steps; python {sys.version.split()[0]}; {os.cpu_count()} cores)")
+    print(f"miniswe core benchmark ({args.steps} steps x {args.rounds} rounds; python {sys.version.split()[0]}; {os.cpu_count()} cores)")
     for name, value, note in rows:
         print(f"  {name:<{width}}  {value:<24} {note}")
 
