@@ -123,7 +123,11 @@ def run(
         path = output or default_trajectory_path(task, run_id)
         display = make_display(quiet)
         _sigterm_as_interrupt()
-        result = run_task(cfg, task, path, run_id=run_id, renderer=renderer, on_step=display.step)
+        from miniswe.models.gate import CallGate
+
+        notify = None if quiet else (lambda message: print(f"miniswe: {message}", file=sys.stderr, flush=True))
+        gate = CallGate(on_retry=notify)
+        result = run_task(cfg, task, path, run_id=run_id, renderer=renderer, on_step=display.step, gate=gate)
     except MinisweError as error:
         fail(error)
     detail = result.outcome.detail

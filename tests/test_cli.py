@@ -105,8 +105,9 @@ def test_unreachable_endpoint_is_one_line_exit_3(cli, tmp_path):
     result = cli("run", "x", "--base-url", "http://127.0.0.1:9/v1", "-m", "m", "-o", "t.json",
                  "-c", "model.retries=1", "-c", "model.max_backoff=0.01")
     assert result.returncode == 3
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach http://127.0.0.1:9/v1/chat/completions" in lines[0]
+    retry, final = result.stderr.strip().splitlines()
+    assert "connection refused; retry 1 of 1 in" in retry, "the user is told why nothing happens"
+    assert final.startswith("miniswe: ModelError: cannot reach http://127.0.0.1:9/v1/chat/completions")
     assert traj(tmp_path)["exit_status"] == "ModelError"
 
 

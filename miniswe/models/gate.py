@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class CallGate:
-    def __init__(self, max_concurrent: int = 0):
+    def __init__(self, max_concurrent: int = 0, on_retry: Callable[[str], None] | None = None):
+        self.on_retry = on_retry  # told of each retry, so a person watching knows why nothing happens
         self._slots = threading.BoundedSemaphore(max_concurrent) if max_concurrent > 0 else None
         self._lock = threading.Lock()
         self._resume_at = 0.0

@@ -90,6 +90,8 @@ class OpenAIModel:
                     self.gate.pause(error.retry_after)
                     delay = max(delay, error.retry_after)
                 retries += 1
+                if self.gate.on_retry:
+                    self.gate.on_retry(f"{self._scrub(str(error))}; retry {retries} of {self.config.retries} in {delay:.1f}s")
                 if self.gate.wait(delay):
                     raise self._error("model call cancelled", retries) from None
 
@@ -152,11 +154,13 @@ class OpenAIModel:
             + usage.completion_tokens * prices.get("completion", 0.0)
         ) / 1e6
 
-    def _error(self, message: str, retries: int) -> ModelError:
+    def _scrub(self, message: str) -> str:
+        """Servers sometimes echo the key back in their error messages."""
         key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
-        if key:
-            message = message.replace(key, "***")
-        error = ModelError(message)
+        return message.replace(key, "***") if key else message
+
+    def _error(self, message: str, retries: int) -> ModelError:
+        error = ModelError(self._scrub(message))
         error.retries = retries
         return error
 
