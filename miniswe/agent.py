@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from miniswe.environments import CommandResult, Environment
 from miniswe.errors import ModelError, SandboxError
 from miniswe.models import Model, Reply
 from miniswe.protocol import FormatError, parse_command, submission
+from miniswe.redaction import scrub
 from miniswe.status import ExitStatus
 from miniswe.templates import Renderer, system_info
 from miniswe.trajectory import Trajectory
@@ -69,6 +72,8 @@ class Agent:
         self.usage = trajectory.data["usage"]
         self.format_errors = 0
         self.started = 0.0
+        key = os.environ.get(config.model.api_key_env, "") if config.model.api_key_env else ""
+        self._secrets = [key] if key else []
         self.variables = {
             **system_info(),
             "action_tag": config.protocol.action_tags[0],
@@ -117,7 +122,11 @@ class Agent:
             return self._reject(step_no, reply, error)
         self.format_errors = 0
         timeout = self._command_timeout()
-        result = self.env.execute(command, timeout=timeout)
+        try:
+            result = self.env.execute(command, timeout=timeout)
+        except (KeyboardInterrupt, Interrupt, SandboxError) as error:
+            self._record_aborted(step_no, reply, command, error)
+            raise
         self._observe(step_no, reply, command, result, timeout)
         submitted = submission(result.output, result.returncode, self.config.protocol.submit_marker)
         if submitted is not None:
@@ -144,6 +153,8 @@ class Agent:
         return None
 
     def _observe(self, step_no: int, reply: Reply, command: str, result: CommandResult, timeout: float) -> None:
+        if self._secrets:  # a command that found the key (a .env file, another variable) must not record it
+            result = dataclasses.replace(result, output=scrub(result.output, self._secrets))
         view, elided = bounded_view(result.output, self.config.agent.output_limit)
         self._record(step_no, reply, command=command, format_error=None, returncode=result.returncode,
                      timed_out=result.timed_out, output=result.output, output_chars=result.output_chars,
@@ -154,6 +165,15 @@ class Agent:
             output_chars=result.output_chars, duration_s=round(result.duration_s, 3),
         )
         self._add("user", observation, step=step_no)
+
+    def _record_aborted(self, step_no: int, reply: Reply, command: str, error: BaseException) -> None:
+        """The step whose command was cut short by a signal or a dead sandbox, with what it had printed."""
+        partial = getattr(error, "partial_result", None)
+        output = scrub(partial.output, self._secrets) if partial else ""
+        self._record(step_no, reply, command=command, format_error=None, returncode=None, timed_out=False,
+                     output=output, output_chars=partial.output_chars if partial else 0,
+                     duration_s=round(partial.duration_s, 4) if partial else 0.0,
+                     aborted="SIGINT" if isinstance(error, KeyboardInterrupt) else getattr(error, "signal_name", "SandboxError"))
 
     def _record(self, step_no: int, reply: Reply, **fields: Any) -> None:
         step = {"step": step_no, **fields}

@@ -110,6 +110,8 @@ def run(
                     task = handle.read()
             except OSError as error:
                 raise UsageError(f"--task-file {task_file}: {error.strerror}") from None
+            except UnicodeDecodeError:
+                raise UsageError(f"--task-file {task_file}: not UTF-8 text; save the task as UTF-8") from None
         if not task or not task.strip():
             raise UsageError("no task given: pass the task text as an argument or --task-file FILE")
         cfg = resolve_config(config, model=model, base_url=base_url, step_limit=step_limit, token_limit=token_limit,
@@ -121,6 +123,8 @@ def run(
         _warn_orphans(cfg)
         run_id = new_run_id()
         path = output or default_trajectory_path(task, run_id)
+        if os.path.isdir(path):
+            raise UsageError(f"-o {path}: is a directory; give a file path such as {os.path.join(path, 'run.traj.json')}")
         display = make_display(quiet)
         _sigterm_as_interrupt()
         from miniswe.models.gate import CallGate
@@ -254,7 +258,8 @@ def demo(
         from miniswe.runner import new_run_id
 
         cfg = resolve_config([], model=model, base_url=base_url)
-        if not (model or base_url or os.environ.get("OPENAI_BASE_URL")):
+        online = model or base_url or (os.environ.get("OPENAI_BASE_URL") and os.environ.get("MINISWE_MODEL"))
+        if not online:
             cfg = override(cfg, model={"kind": "scripted"})  # each demo task names its own replies file
         # a fresh directory per invocation: running the demo again shows it again, rather than "all done"
         run_dir = output or os.path.join("trajectories", "demo", new_run_id())

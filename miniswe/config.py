@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -145,6 +146,10 @@ def _read_source(source: str | dict[str, Any], yaml: Any) -> tuple[str, dict[str
             data = yaml.safe_load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{source}: config file not found (pass a YAML file or key.path=value)") from None
+    except OSError as error:
+        raise ConfigError(f"{source}: cannot read config file: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: not UTF-8 text; a config file is YAML") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -159,16 +164,12 @@ def _read_source(source: str | dict[str, Any], yaml: Any) -> tuple[str, dict[str
 def _merge(into: dict, data: dict, name: str, origin: dict[str, str], prefix: str) -> None:
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and isinstance(into.get(key), dict) and not _is_free_mapping(dotted):
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            # sections, and the user's own mappings (env, params, prices) alike: a later source sets keys, one by one
             _merge(into[key], value, name, origin, prefix=dotted + ".")
         else:
             into[key] = value
             origin[dotted] = name
-
-
-def _is_free_mapping(dotted: str) -> bool:
-    # mappings whose keys are the user's own: a later source replaces them key by key
-    return dotted in {"environment.env", "model.params", "model.prices"}
 
 
 def _build(cls: type, data: Any, origin: dict[str, str], prefix: str) -> Any:
@@ -197,8 +198,8 @@ def _check(hint: Any, value: Any, dotted: str, where: str) -> Any:
     args = typing.get_args(hint)
     fail = lambda what: ConfigError(f"{where}: {dotted}: expected {what}, got {_kind(value)} {value!r:.60}")  # noqa: E731
     if expected is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail("a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise fail("a finite number")
         value = float(value)
     elif expected is int:
         if isinstance(value, bool) or not isinstance(value, int):

@@ -16,7 +16,8 @@ Decisions on what real replies contain (each covered in tests/test_protocol.py):
   than asking again.
 - Non-ASCII characters are kept as written; zero-width spaces, word joiners and BOMs are removed
   from the command, since they only ever break it invisibly.
-- `<think>...</think>` sections are reasoning, kept in the trajectory but not parsed.
+- Leading reasoning (`<think>...</think>` at the start, or text up to the first `</think>` outside a
+  code block) is kept in the trajectory but not parsed; `<think>` inside a command is left alone.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ DEFAULT_ACTION_TAGS = ("mswea_bash_command", "bash")
 DEFAULT_SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
 _OPEN = re.compile(r"^( {0,3})(`{3,}|~{3,})[ \t]*([^`\s]*)[^`]*$")
-_THINK = re.compile(r"<think>.*?(?:</think>|\Z)", re.DOTALL)
+_FENCE_LINE = re.compile(r"^ {0,3}((`{3,}|~{3,}))")
 _HEREDOC = re.compile(r"(?<!<)<<(-?)[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u2060\ufeff"))
 
@@ -50,7 +51,31 @@ class _Block:
 
 
 def strip_reasoning(text: str) -> str:
-    return _THINK.sub("", text)
+    """The reply without its leading reasoning: `<think>...</think>` at the start, or everything up to the
+    first `</think>` outside a code block (servers that drop the opening tag). `<think>` inside a command
+    (`grep '<think>' src/`) is the command's business and stays."""
+    stripped = text.lstrip()
+    if stripped.startswith("<think>"):
+        end = stripped.find("</think>")
+        return "" if end < 0 else stripped[end + len("</think>") :]
+    end = _find_outside_fences(text, "</think>")
+    return text if end < 0 else text[end + len("</think>") :]
+
+
+def _find_outside_fences(text: str, token: str) -> int:
+    fence = None
+    offset = 0
+    for line in text.split("\n"):
+        marker = _FENCE_LINE.match(line)
+        if fence is None:
+            if token in line:
+                return offset + line.index(token)
+            if marker:
+                fence = marker[2]
+        elif marker and marker[2].startswith(fence) and not line.strip().lstrip(fence[0]):
+            fence = None
+        offset += len(line) + 1
+    return -1
 
 
 def parse_command(text: str, action_tags: Sequence[str] = DEFAULT_ACTION_TAGS) -> str:

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from miniswe.agent import Agent, Interrupt, Outcome, StepObserver, StopCheck
+from miniswe.agent import NO_TIMEOUT, Agent, Interrupt, Outcome, StepObserver, StopCheck
 from miniswe.config import Config
-from miniswe.environments import Environment, build_environment
+from miniswe.environments import Environment, build_environment, check_environment
 from miniswe.errors import ConfigError, MinisweError, ModelError, SandboxError
 from miniswe.models import Model, model_class
 from miniswe.models.gate import CallGate
+from miniswe.redaction import mask_env, mask_run_args
 from miniswe.status import AGENT_OUTCOMES, ExitStatus
 from miniswe.templates import Renderer
 from miniswe.trajectory import Trajectory
@@ -41,16 +42,11 @@ def default_trajectory_path(task: str, run_id: str) -> str:
     return os.path.join("trajectories", f"{run_id}-{slug}.traj.json")
 
 
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
-
-
 def redacted(config: Config) -> dict[str, Any]:
-    """The config as recorded: values of secret-looking variables in environment.env are masked."""
+    """The config as recorded: values of secret-looking variables and `-e NAME=value` arguments masked."""
     data = config.to_dict()
-    env = data["environment"]["env"]
-    for name in env:
-        if SECRET_NAME.search(name):
-            env[name] = "***"
+    data["environment"]["env"] = mask_env(data["environment"]["env"])
+    data["environment"]["run_args"] = mask_run_args(data["environment"]["run_args"])
     return data
 
 
@@ -60,8 +56,9 @@ def build_model(config: Config, gate: CallGate | None = None) -> Model:
 
 
 def check_ready(config: Config) -> Renderer:
-    """Fail on bad input before anything runs: templates, model settings."""
+    """Fail on bad input before anything runs: templates, environment and model settings."""
     renderer = Renderer(config.agent.templates_dir)
+    check_environment(config.environment)
     if config.model.kind == "openai":
         if not config.model.base_url:
             raise ConfigError(
@@ -101,7 +98,7 @@ def run_task(
     env: Environment | None = None
     resolved = None
     try:
-        env = build_environment(config.environment, run_id=run_id)
+        env = build_environment(config.environment, run_id=run_id, hidden_env=[config.model.api_key_env])
         trajectory.data["environment"] = env.describe()
         outcome = _run_commands(env, setup, config, trajectory, "setup")
         if outcome is None:
@@ -132,7 +129,6 @@ def run_task(
             except Exception as error:  # a failed cleanup must not hide the run's own outcome
                 trajectory.data.setdefault("warnings", []).append(f"environment cleanup failed: {error}")
         trajectory.save()
-        trajectory.close()
     return RunResult(outcome, trajectory, resolved)
 
 
@@ -140,7 +136,7 @@ def _run_commands(env: Environment, commands: Sequence[str], config: Config, tra
     """Run setup or evaluation commands in order; the first failure is returned as a SetupError outcome."""
     records = trajectory.data.setdefault(key, [])
     for command in commands:
-        result = env.execute(command, timeout=config.environment.timeout)
+        result = env.execute(command, timeout=config.environment.timeout or NO_TIMEOUT)
         tail = result.output[-2000:]
         records.append({"command": command, "returncode": result.returncode, "timed_out": result.timed_out,
                         "output": tail, "duration_s": round(result.duration_s, 4)})

@@ -77,10 +77,6 @@ class Trajectory:
             (head, ', "messages": [', ",\n".join(self._messages_json), '], "steps": [', ",\n".join(self._steps_json), "]}\n")
         ))
 
-    def close(self) -> None:
-        self._file.close()
-
-
 def load(path: str) -> dict[str, Any]:
     """Read a trajectory, validating its format and upgrading an older version to the current one."""
     try:

@@ -402,3 +402,32 @@ def test_cli_plain_progress_and_report(tmp_path, cli, counting_server):
     assert "] a Submitted · 1 steps" in result.stderr and "] b SetupError · 0 steps" in result.stderr
     assert "**2 tasks**" in result.stdout and "| `b` | SetupError | setup command 'exit 4' exited 4: |" in result.stdout
     assert "`miniswe batch tasks.yaml --base-url" in result.stdout and "-o trajectories/tasks`" in result.stdout
+
+
+def test_a_pause_holds_back_callers_already_queued_for_a_slot():
+    """With a cap on calls in flight, a Retry-After that arrives while others wait for a slot still applies."""
+    import threading
+
+    from miniswe.models.gate import CallGate
+
+    gate = CallGate(1)
+    started: list[float] = []
+    t0 = time.monotonic()
+
+    def call(pause: float = 0.0):
+        with gate.slot():
+            started.append(time.monotonic() - t0)
+            if pause:
+                time.sleep(0.1)
+                gate.pause(pause)
+
+    first = threading.Thread(target=call, args=(1.0,))
+    first.start()
+    time.sleep(0.02)
+    waiting = [threading.Thread(target=call) for _ in range(3)]
+    for thread in waiting:
+        thread.start()
+    for thread in [first, *waiting]:
+        thread.join(5)
+    assert len(started) == 4
+    assert min(started[1:]) >= 1.0, f"queued callers went ahead during the pause: {started}"

@@ -192,3 +192,13 @@ def test_plan_of_a_single_task_keeps_the_batch_config_otherwise(tmp_path):
     base = load_config({"agent": {"step_limit": 11}})
     plan = plan_task(task, base, str(tmp_path / "run"), str(tmp_path))
     assert plan.config.agent == base.agent and plan.config.model == base.model
+
+
+def test_json_lines_saved_as_json_are_read_as_json_lines(tmp_path):
+    path = tmp_path / "swe.json"
+    path.write_text(
+        '{"instance_id": "a__b-1", "problem_statement": "fix a", "repo": "a/b", "base_commit": "c1"}\n'
+        '{"instance_id": "a__b-2", "problem_statement": "fix b", "repo": "a/b", "base_commit": "c2"}\n'
+    )
+    tasks = load_tasks(str(path)).tasks
+    assert [t.id for t in tasks] == ["a__b-1", "a__b-2"]

@@ -51,9 +51,15 @@ def test_not_submitted_exits_1(cli, server, tmp_path):
 
 
 def test_api_key_is_sent_but_never_recorded_or_printed(cli, server, tmp_path):
-    server.push(act(f"echo key-is-${{#OPENAI_API_KEY}}-chars"), {"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {SENTINEL}"}}})
+    (tmp_path / ".env").write_text(f"OPENAI_API_KEY={SENTINEL}\n")
+    server.push(act("echo key-is-${#OPENAI_API_KEY}-chars"), act("cat .env"),
+                {"status": 401, "body": {"error": {"message": f"Incorrect API key provided: {SENTINEL}"}}})
     result = cli("run", "x", *endpoint(server), "-o", "t.json", env={"OPENAI_API_KEY": SENTINEL})
     assert server.requests[0]["headers"]["authorization"] == f"Bearer {SENTINEL}"
+    steps = traj(tmp_path)["steps"]
+    assert steps[0]["output"] == "key-is-0-chars\n", "commands must not inherit the API key"
+    assert steps[1]["output"] == "OPENAI_API_KEY=***\n", "a key found on disk is masked before the model sees it"
+    assert all(SENTINEL not in json.dumps(r["body"]) for r in server.requests)
     assert result.returncode == 3
     assert "401" in result.stderr and "set OPENAI_API_KEY" in result.stderr
     for text in (result.stdout, result.stderr, (tmp_path / "t.json").read_text()):
@@ -74,6 +80,13 @@ def test_retries_transient_failures_then_succeeds(cli, server, tmp_path):
     assert len(server.requests) == 4
     usage = traj(tmp_path)["usage"]
     assert usage["model_calls"] == 1 and usage["retries"] == 3
+
+
+def test_unreadable_retry_after_is_still_a_retry(cli, server):
+    server.push({"status": 429, "retry_after": "soon"}, {"status": 503, "retry_after": "Wed, 21 Oct 2015 07:28:00 GMT"}, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.max_backoff=0.01", timeout=20)
+    assert result.returncode == 0, result.stderr
+    assert len(server.requests) == 3
 
 
 def test_retry_after_is_honoured(cli, server):
@@ -205,6 +218,8 @@ def test_signals_end_the_run_as_interrupted(server, tmp_path, sig, code):
     assert proc.returncode == code, err
     data = traj(tmp_path)
     assert data["exit_status"] == "Interrupted" and data["exit_detail"] == sig.name
+    cut = data["steps"][-1]
+    assert cut["command"] == "sleep 60 & wait" and cut["aborted"] == sig.name and cut["returncode"] is None
     assert subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).returncode == 1, "command outlived the run"
 
 
@@ -246,3 +261,22 @@ def test_a_user_template_overrides_the_shipped_one(cli, server, tmp_path):
     server.push(act("echo hi"), SUBMIT)
     cli("run", "x", *endpoint(server), "-o", "t.json", "-c", f"agent.templates_dir={tmp_path / 'tpl'}")
     assert server.requests[1]["body"]["messages"][-1]["content"] == "RC=0 OUT=hi"
+
+
+def test_zero_timeouts_mean_no_timeout(cli, server, tmp_path):
+    server.push(act("sleep 0.2; echo done"), SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "environment.timeout=0", "-c", "model.timeout=0")
+    assert result.returncode == 0, result.stderr
+    assert traj(tmp_path)["steps"][0]["output"] == "done\n"
+
+
+def test_docker_settings_are_checked_before_anything_runs(cli, server, tmp_path):
+    result = cli("run", "x", *endpoint(server), "--env", "docker", "-o", "t.json")
+    assert result.returncode == 2 and "environment.image: no image given" in result.stderr
+    assert server.requests == [] and not (tmp_path / "t.json").exists()
+
+
+def test_output_path_that_is_a_directory(cli, server, tmp_path):
+    (tmp_path / "out").mkdir()
+    result = cli("run", "x", *endpoint(server), "-o", "out")
+    assert result.returncode == 2 and "-o out: is a directory" in result.stderr

@@ -21,7 +21,7 @@ def test_files_and_key_values_merge_left_to_right(tmp_path):
     config = load_config(str(first), "agent.step_limit=7", "model.params={max_tokens: 20}", "environment.timeout=2")
     assert config.agent.step_limit == 7
     assert config.agent.token_limit == 100
-    assert config.model.params == {"max_tokens": 20}  # a free mapping is replaced whole by a later source
+    assert config.model.params == {"max_tokens": 20, "top_p": 0.5}  # the user's mappings merge key by key
     assert config.environment.timeout == 2.0 and isinstance(config.environment.timeout, float)
 
 
@@ -39,6 +39,8 @@ def test_key_value_is_read_as_yaml():
         ("agnet.step_limit=3", "agnet: unknown key (did you mean 'agent'?)"),
         ("agent.step_limit=lots", "agent.step_limit: expected a whole number, got a string"),
         ("agent.step_limit=true", "agent.step_limit: expected a whole number, got a boolean"),
+        ("environment.timeout=.nan", "environment.timeout: expected a finite number"),
+        ("agent.time_limit=.inf", "agent.time_limit: expected a finite number"),
         ("agent.cost_limit=-1", "agent.cost_limit: must be 0 or more"),
         ("environment.kind=dokcer", "environment.kind: unknown value 'dokcer' (did you mean 'docker'?)"),
         ("model.prices={input: 1}", "model.prices.input: unknown key"),
@@ -83,3 +85,11 @@ def test_an_image_with_the_local_environment_is_refused():
     with pytest.raises(ConfigError, match="environment.image is 'python:3.12' but environment.kind is local"):
         load_config("environment.image=python:3.12")
     assert load_config("environment.image=python:3.12", "environment.kind=docker").environment.kind == "docker"
+
+
+def test_one_key_of_a_mapping_can_be_set_alone(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("environment:\n  env: {A: a, B: b}\nmodel:\n  params: {max_tokens: 10}\n")
+    config = load_config(str(base), "environment.env.C=c", "model.params.top_p=0.5")
+    assert config.environment.env == {"A": "a", "B": "b", "C": "c"}
+    assert config.model.params == {"max_tokens": 10, "top_p": 0.5}

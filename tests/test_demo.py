@@ -36,6 +36,13 @@ def test_demo_fixes_every_bug_offline(cli, tmp_path):
     assert "[1900, 2000, 2024]" in steps[0]["output"] and "[2000, 2024]" in steps[1]["output"]
 
 
+def test_demo_stays_offline_with_only_a_base_url_in_the_environment(cli, tmp_path):
+    """The README has users export OPENAI_BASE_URL; without a model name the demo must still run offline."""
+    result = cli("demo", "-o", "run", "-q", env={"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"})
+    assert result.returncode == 0, result.stderr
+    check_run(tmp_path / "run", "scripted")
+
+
 def test_demo_runs_again_into_a_fresh_directory(cli, tmp_path):
     first, second = cli("demo", "-q"), cli("demo", "-q")
     assert first.returncode == second.returncode == 0, second.stderr

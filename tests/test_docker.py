@@ -426,3 +426,10 @@ def test_podman_runs_commands_and_kills_on_timeout():
     finally:
         env.close()
     assert not exists(env.name, "podman")
+
+
+def test_a_command_killing_sleep_and_bash_does_not_end_the_container(fresh):
+    env = fresh()
+    env.execute("sleep 100 & sleep 0.2; pkill sleep; pkill bash; true", timeout=10)
+    assert env.execute("echo still-here", timeout=10).output == "still-here\n"
+    assert exists(env.name)

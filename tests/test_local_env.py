@@ -136,3 +136,10 @@ def test_interrupt_during_a_command_kills_it(tmp_path):
     proc.wait(timeout=5)
     time.sleep(0.1)
     assert not alive(int(pidfile.read_text()))
+
+
+def test_an_escaped_process_that_keeps_printing_does_not_hold_the_step(env):
+    started = time.monotonic()
+    result = env.execute("setsid bash -c 'for i in $(seq 1 500); do echo tick; sleep 0.01; done' & sleep 0.2; echo started", timeout=30)
+    assert time.monotonic() - started < 2
+    assert result.returncode == 0 and "started" in result.output

@@ -27,6 +27,9 @@ VALID = [
     ("non-ascii kept", f"{F}bash\necho 'héllo → 世界'\n{F}", "echo 'héllo → 世界'"),
     ("zero-width characters removed", f"{F}bash\nl\u200bs\ufeff -la\u2060\n{F}", "ls -la"),
     ("think section ignored", f"<think>maybe\n{F}bash\nrm -rf /\n{F}\n</think>\n{F}bash\nls\n{F}", "ls"),
+    ("reasoning without its opening tag", f"draft:\n{F}bash\nrm -rf /\n{F}\n</think>\n{F}bash\nls\n{F}", "ls"),
+    ("think tag inside a command", f"{F}bash\ngrep -rn '<think>' src/ | head\n{F}", "grep -rn '<think>' src/ | head"),
+    ("closed think pair inside a heredoc", f"{F}bash\ncat > t.txt <<'EOF'\n<think>a</think>\nEOF\n{F}", "cat > t.txt <<'EOF'\n<think>a</think>\nEOF"),
     ("multi-line command", f"{F}bash\ncd src &&\n  make\n{F}", "cd src &&\n  make"),
 ]
 

@@ -27,7 +27,6 @@ def test_every_save_is_a_complete_document(tmp_path):
     data = load(str(path))
     assert data["exit_status"] == "Submitted" and data["submission"] == "patch"
     assert data["timing"]["wall_s"] is not None
-    traj.close()
     assert [p.name for p in path.parent.iterdir()] == ["t.traj.json"], "temp files left behind"
 
 
@@ -56,7 +55,7 @@ def test_foreign_and_broken_files_are_refused(tmp_path):
         load(str(broken))
 
 
-def test_saves_replace_the_file_whole_and_leave_no_twin(tmp_path):
+def test_saves_replace_the_file_whole_and_leave_nothing_beside_it(tmp_path):
     path = tmp_path / "t.traj.json"
     traj = Trajectory(str(path), task="t", config={}, environment={})
     seen = []
@@ -66,7 +65,6 @@ def test_saves_replace_the_file_whole_and_leave_no_twin(tmp_path):
         seen.append(len(json.loads(path.read_text())["steps"]))
     assert seen == [1, 2, 3, 4, 5]
     assert (path.stat().st_mode & 0o777) == 0o666 & ~_umask()
-    traj.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.traj.json"]
     assert len(load(str(path))["steps"]) == 5
 
@@ -92,4 +90,15 @@ def test_a_file_replaced_by_someone_else_is_not_clobbered_later(tmp_path):
     traj.add_step({"step": 2})
     traj.save()
     assert len(load(str(path))["steps"]) == 2
-    traj.close()
+
+
+def test_a_reader_holding_the_file_keeps_a_whole_version(tmp_path):
+    path = tmp_path / "t.traj.json"
+    traj = Trajectory(str(path), task="t", config={}, environment={})
+    traj.save()
+    with open(path) as reader:
+        for i in range(3):
+            traj.add_step({"step": i + 1, "output": "z" * 5000})
+            traj.save()
+        assert json.loads(reader.read())["exit_status"] is None  # the version it opened, complete
+    assert len(load(str(path))["steps"]) == 3

@@ -14,6 +14,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+import requests
+
 from miniswe.batch.files import write_atomic
 from miniswe.batch.ledger import Ledger
 from miniswe.batch.plan import Plan, plan_tasks
@@ -146,7 +148,7 @@ def check_plans(task_file: TaskFile, plans: list[Plan]) -> dict[str, Renderer]:
     seen: set[tuple] = set()
     for plan in plans:
         model, agent = plan.config.model, plan.config.agent
-        key = (model.kind, model.base_url, model.name, model.script, agent.templates_dir)
+        key = (model.kind, model.base_url, model.name, model.script, agent.templates_dir, repr(plan.config.environment))
         if key in seen:
             continue
         seen.add(key)
@@ -168,6 +170,8 @@ def check_endpoints(plans: list[Plan]) -> None:
         parts = urllib.parse.urlsplit(model.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"model.base_url: {model.base_url!r} is not an http(s) URL; pass e.g. --base-url http://127.0.0.1:8000/v1")
+        if requests.utils.get_environ_proxies(model.base_url):
+            continue  # through a proxy, a direct connection says nothing about reachability
         try:
             socket.create_connection((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)),
                                      timeout=model.connect_timeout or None).close()

@@ -100,7 +100,9 @@ def _parse(path: str, text: str) -> list[tuple[str, Any]]:
     if lowered.endswith(".json") or stripped.startswith("["):
         try:
             data = json.loads(text)
-        except ValueError as error:
+        except json.JSONDecodeError as error:
+            if error.msg == "Extra data" and stripped.startswith("{"):
+                return _parse_jsonl(path, text)  # JSON Lines saved as .json (a dataset's to_json() does that)
             raise TaskFileError(f"{path}: not valid JSON: {error}; a task file is a list of tasks") from None
         return [(f"index {i}", entry) for i, entry in enumerate(_as_list(path, data))]
     return _parse_yaml(path, text)

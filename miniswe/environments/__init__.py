@@ -41,13 +41,25 @@ REGISTRY = {
 
 def build_environment(config: Any, **settings: Any) -> Environment:
     """An environment of `config.kind`, given the settings its own config class declares."""
+    cls = environment_class(config.kind)
+    return cls(_settings(cls, config, settings))
+
+
+def check_environment(config: Any) -> None:
+    """Raise ConfigError for settings the environment would refuse, before anything starts."""
+    cls = environment_class(config.kind)
+    check = getattr(cls, "check", None)
+    if check:
+        check(_settings(cls, config, {}))
+
+
+def _settings(cls: type, config: Any, extra: dict[str, Any]) -> Any:
     import dataclasses
 
-    cls = environment_class(config.kind)
     names = {f.name for f in dataclasses.fields(cls.config_class)}
     values = {name: getattr(config, name) for name in names if hasattr(config, name)}
-    values.update({k: v for k, v in settings.items() if k in names})
-    return cls(cls.config_class(**values))
+    values.update({k: v for k, v in extra.items() if k in names})
+    return cls.config_class(**values)
 
 
 def environment_class(kind: str) -> type:

@@ -14,8 +14,10 @@ from collections.abc import Callable
 from miniswe.environments import CommandResult
 
 CHUNK = 1 << 16
-# After the shell has exited, how long to keep reading output that leftovers still hold open.
+# After the shell has exited: how long a pause in output ends the step, and how long reading may go on at
+# most, so a process that escaped the group (setsid) and keeps printing cannot hold the step open.
 DRAIN_QUIET_S = 0.05
+DRAIN_MAX_S = 0.5
 
 
 class BoundedBuffer:
@@ -86,7 +88,9 @@ def run_captured(
             ready, _, _ = select.select(waiting, [], [], min(remaining, 0.05 if watch is None else remaining))
             if fd in ready:
                 eof = _read_available(fd, buffer)
-            elif proc.poll() is not None:
+            # checked even while output flows: an escaped process may keep the pipe busy after the shell exits
+            exited = watch in ready if watch is not None else proc.poll() is not None
+            if exited and not eof:
                 break
         if timed_out:
             kill()
@@ -96,18 +100,24 @@ def run_captured(
             kill()
         if not eof:
             _drain(fd, buffer)
-    except BaseException:
+    except BaseException as error:
         kill()  # Ctrl-C or a stop request mid-command must not leave the command running
         proc.wait()
+        _drain(fd, buffer)
+        error.partial_result = _result(buffer, None, False, started)  # what the step had printed, for the record
         raise
     finally:
         if watch is not None:
             os.close(watch)
         proc.stdout.close()
+    return _result(buffer, None if timed_out else proc.returncode, timed_out, started)
+
+
+def _result(buffer: BoundedBuffer, returncode: int | None, timed_out: bool, started: float) -> CommandResult:
     text, chars, elided = buffer.text()
     return CommandResult(
         output=text,
-        returncode=None if timed_out else proc.returncode,
+        returncode=returncode,
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
         output_chars=chars,
@@ -116,8 +126,8 @@ def run_captured(
 
 
 def _read_available(fd: int, buffer: BoundedBuffer) -> bool:
-    """Read what the pipe holds now; True at EOF."""
-    while True:
+    """Read what the pipe holds now (at most 16 chunks, so deadlines are checked during a flood); True at EOF."""
+    for _ in range(16):
         try:
             data = os.read(fd, CHUNK)
         except BlockingIOError:
@@ -125,11 +135,13 @@ def _read_available(fd: int, buffer: BoundedBuffer) -> bool:
         if not data:
             return True
         buffer.feed(data)
+    return False
 
 
 def _drain(fd: int, buffer: BoundedBuffer) -> None:
     """Collect output already written by the finished command, without waiting on a holder that escaped."""
-    while select.select([fd], [], [], DRAIN_QUIET_S)[0]:
+    deadline = time.monotonic() + DRAIN_MAX_S
+    while time.monotonic() < deadline and select.select([fd], [], [], DRAIN_QUIET_S)[0]:
         if _read_available(fd, buffer):
             return
 

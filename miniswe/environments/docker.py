@@ -23,6 +23,7 @@ from miniswe.environments import CommandResult
 from miniswe.environments.capture import run_captured
 from miniswe.environments.local import QUIET_ENV
 from miniswe.errors import ConfigError, SandboxError
+from miniswe.redaction import mask_run_args
 
 LABEL = "miniswe"
 PULL_POLICIES = ("never", "missing", "always")
@@ -48,6 +49,10 @@ echo "miniswe:exit $rc" >&2
 exit $rc
 """
 
+# The container's main process: it lives out the lifetime ceiling, and a command's `pkill sleep` or
+# `pkill bash` (ignored signals) does not end the container under the run.
+KEEPER = 'trap "" TERM INT HUP; while [ "$SECONDS" -lt "$1" ]; do sleep 10 & wait $!; done'
+
 
 @dataclass(frozen=True)
 class DockerConfig:
@@ -72,7 +77,9 @@ _LIVE: dict[str, tuple[str, int]] = {}
 class DockerEnvironment:
     config_class = DockerConfig
 
-    def __init__(self, config: DockerConfig):
+    @staticmethod
+    def check(config: DockerConfig) -> DockerConfig:
+        """Settings problems found without touching the engine (ConfigError); the settings as used."""
         if not config.cwd:
             config = dataclasses.replace(config, cwd="/")  # the shared config's "" means the image's root here
         if not config.image:
@@ -83,6 +90,10 @@ class DockerEnvironment:
             raise ConfigError("environment.container_lifetime: must be a positive number of seconds")
         if not config.cwd.startswith("/"):
             raise ConfigError(f"environment.cwd: {config.cwd!r} must be an absolute path inside the container")
+        return config
+
+    def __init__(self, config: DockerConfig):
+        config = self.check(config)
         self.config = config
         exe = shutil.which(config.executable)
         if exe is None:
@@ -145,9 +156,9 @@ class DockerEnvironment:
             "run", "-d", "--init", "--rm", "--pull", "never", "--name", self.container,
             *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
             # the main process is the lifetime ceiling: when it ends, --rm removes the container
-            "--entrypoint", "sleep",
+            "--entrypoint", "bash",
             *cfg.run_args,
-            cfg.image, str(int(cfg.container_lifetime + 0.999)),
+            cfg.image, "-c", KEEPER, "miniswe-keeper", str(int(cfg.container_lifetime + 0.999)),
         ]  # fmt: skip
         started = self._engine(*run, timeout=cfg.start_timeout)
         if "is already in use" in started.stderr:
@@ -292,7 +303,7 @@ class DockerEnvironment:
             "container": self.name,
             "env": sorted(cfg.env),
             "forward_env": list(cfg.forward_env),
-            "run_args": list(cfg.run_args),
+            "run_args": mask_run_args(cfg.run_args),
         }
 
 

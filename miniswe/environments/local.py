@@ -28,6 +28,7 @@ class LocalConfig:
     cwd: str = ""
     env: dict[str, str] = field(default_factory=dict)
     capture_limit: int = 1_000_000
+    hidden_env: list[str] = field(default_factory=list)  # inherited variables commands must not see (the API key)
 
 
 class LocalEnvironment:
@@ -38,7 +39,8 @@ class LocalEnvironment:
         self.cwd = os.path.abspath(config.cwd or os.getcwd())
         if not os.path.isdir(self.cwd):
             raise SandboxError(f"environment.cwd: {self.cwd} is not a directory; create it or pass --cwd")
-        self.env = {**os.environ, **QUIET_ENV, **{k: str(v) for k, v in config.env.items()}}
+        inherited = {k: v for k, v in os.environ.items() if k not in config.hidden_env}
+        self.env = {**inherited, **QUIET_ENV, **{k: str(v) for k, v in config.env.items()}}
 
     def execute(self, command: str, *, timeout: float) -> CommandResult:
         started = time.monotonic()

@@ -32,14 +32,25 @@ class CallGate:
     @contextlib.contextmanager
     def slot(self) -> Iterator[None]:
         while True:
-            with self._lock:
-                delay = self._resume_at - time.monotonic()
-            if delay <= 0:
+            self._wait_out_pause()
+            if self._slots is not None:
+                self._slots.acquire()
+            # a pause may have begun while this caller queued for a slot: honour it before calling
+            if self._paused_for() <= 0 or self.cancelled.is_set():
                 break
+            if self._slots is not None:
+                self._slots.release()
+        try:
+            yield
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
+    def _paused_for(self) -> float:
+        with self._lock:
+            return self._resume_at - time.monotonic()
+
+    def _wait_out_pause(self) -> None:
+        while (delay := self._paused_for()) > 0:
             if self.wait(delay):
-                break
-        if self._slots is None:
-            yield
-            return
-        with self._slots:
-            yield
+                return

@@ -22,6 +22,7 @@ from miniswe.models import Reply, Usage
 from miniswe.models.gate import CallGate
 
 RETRY_STATUSES = {408, 409, 425, 429}
+MAX_RETRY_AFTER = 3600.0
 FIXES = {
     400: "check model.params and the model's context length",
     401: "set {key} to a valid API key",
@@ -60,6 +61,9 @@ class OpenAIModel:
         # Read proxy settings once: with trust_env, requests re-reads the environment and ~/.netrc on every call.
         self.proxies = requests.utils.get_environ_proxies(self.url)
         self.session.trust_env = False
+        # ...and so the CA bundle that trust_env would have found, for endpoints behind a corporate CA
+        self.session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        self.timeouts = (config.connect_timeout or None, config.timeout or None)  # 0 = wait as long as it takes
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
@@ -102,8 +106,13 @@ class OpenAIModel:
             headers["Authorization"] = f"Bearer {key}"
         try:
             response = self.session.post(
-                self.url, json=body, headers=headers, proxies=self.proxies, timeout=(self.config.connect_timeout, self.config.timeout)
+                self.url, json=body, headers=headers, proxies=self.proxies, timeout=self.timeouts
             )
+        except requests.exceptions.SSLError as error:
+            if "certificate verify failed" not in str(error).lower():
+                raise _Transient(f"TLS with {self.url} failed: {_reason(error)}") from None
+            raise self._error(f"{self.url}: the server's certificate is not trusted; if the endpoint uses a "
+                              "private CA, point REQUESTS_CA_BUNDLE at its certificate", 0) from None
         except requests.Timeout:
             raise _Transient(f"{self.url}: no answer within {self.config.timeout:g}s") from None
         except requests.ConnectionError as error:
@@ -184,10 +193,15 @@ def _reason(error: requests.ConnectionError) -> str:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header (seconds or an HTTP date); None when absent or unreadable."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError):
+            return None
+    # a server asking for more than an hour (or for inf) is not taken literally
+    return min(max(0.0, seconds), MAX_RETRY_AFTER) if seconds == seconds else None

@@ -12,22 +12,27 @@ from miniswe.models import Reply, Usage
 
 
 def load_script(path: str) -> list[Any]:
+    """Replies from a JSON or YAML list: each a string, or a mapping with at least `content`."""
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except OSError as error:
         raise ConfigError(f"model.script: cannot read {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"model.script: {path} is not UTF-8 text") from None
     try:
-        if path.endswith(".json"):
-            replies = json.loads(text)
-        else:
-            import yaml
-
-            replies = yaml.safe_load(text)
-    except ValueError as error:
-        raise ConfigError(f"model.script: {path} is not valid JSON/YAML: {error}") from None
+        replies = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise ConfigError(f"model.script: {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
+                          f"{' '.join(str(error).split())[:160]}") from None
     if not isinstance(replies, list):
         raise ConfigError(f"model.script: {path} must hold a list of replies")
+    for index, item in enumerate(replies):
+        if not isinstance(item, (str, dict)):
+            raise ConfigError(f"model.script: {path}: reply {index + 1} is {type(item).__name__}; "
+                              "write a string or a mapping with `content`")
     return replies
 
 
