@@ -47,8 +47,8 @@ class Trajectory:
         }
         self.messages: list[dict[str, Any]] = []
         self.steps: list[dict[str, Any]] = []
-        self._messages_json: list[str] = []
-        self._steps_json: list[str] = []
+        self._messages_json: list[bytes] = []  # encoded once, joined at every save
+        self._steps_json: list[bytes] = []
         self._started = time.monotonic()
         self._file = SwapFile(path)
         directory = os.path.dirname(os.path.abspath(path))
@@ -60,11 +60,11 @@ class Trajectory:
     def add_message(self, role: str, content: str, **extras: Any) -> None:
         message = {"role": role, "content": content, "timestamp": _now(), **{k: v for k, v in extras.items() if v is not None}}
         self.messages.append(message)
-        self._messages_json.append(json.dumps(message, ensure_ascii=False))
+        self._messages_json.append(json.dumps(message, ensure_ascii=False).encode())
 
     def add_step(self, step: dict[str, Any]) -> None:
         self.steps.append(step)
-        self._steps_json.append(json.dumps(step, ensure_ascii=False))
+        self._steps_json.append(json.dumps(step, ensure_ascii=False).encode())
 
     def finish(self, status: str, detail: str | None = None, submission: str | None = None) -> None:
         self.data.update(exit_status=str(status), exit_detail=detail, submission=submission)
@@ -72,10 +72,11 @@ class Trajectory:
 
     def save(self) -> None:
         """Replace the file with the whole document, atomically: never half a file on disk."""
-        head = json.dumps(self.data, ensure_ascii=False)[:-1]
-        self._file.write("".join(
-            (head, ', "messages": [', ",\n".join(self._messages_json), '], "steps": [', ",\n".join(self._steps_json), "]}\n")
+        head = json.dumps(self.data, ensure_ascii=False)[:-1].encode()
+        self._file.write(b"".join(
+            (head, b', "messages": [', b",\n".join(self._messages_json), b'], "steps": [', b",\n".join(self._steps_json), b"]}\n")
         ))
+
 
 def load(path: str) -> dict[str, Any]:
     """Read a trajectory, validating its format and upgrading an older version to the current one."""
