@@ -184,7 +184,7 @@ def batch(
             tasks, output, workers=workers, filter=filter, slice=slice, shuffle=shuffle, seed=seed, shard=shard,
             redo=redo, force=force, max_concurrent_calls=max_concurrent_calls, batch_cost_limit=batch_cost_limit,
             batch_token_limit=batch_token_limit, quiet=quiet,
-            command=_rerun_command("batch", output, default_run_dir(tasks), fallback=[tasks]),
+            command=_rerun_command("batch", output, default_run_dir(tasks, shard), fallback=[tasks]),
         )
         _warn_orphans(cfg)
         _run_batch(cfg, options)
@@ -301,7 +301,9 @@ def _rerun_command(command: str, output: str | None, run_dir: str, fallback: lis
             argv.append(arg)
     if output is None:
         argv += ["-o", run_dir]
-    return shlex.join(["miniswe", command, *argv])
+    from miniswe.redaction import mask_assignments
+
+    return mask_assignments(shlex.join(["miniswe", command, *argv]))
 
 
 @app.command()

@@ -42,3 +42,12 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
         if len(secret) >= MIN_SECRET_LEN and secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+_ASSIGNMENT = re.compile(r"([A-Za-z_][\w.]*)=([^\s,\]\}'\"]+)")
+
+
+def mask_assignments(text: str) -> str:
+    """`NAME=value` pairs in a command line (`-c environment.env.TOKEN=...`, `-e API_KEY=...`) with
+    secret-looking names masked."""
+    return _ASSIGNMENT.sub(lambda m: f"{m[1]}={MASK}" if SECRET_NAME.search(m[1].rsplit(".", 1)[-1]) else m[0], text)

@@ -59,6 +59,11 @@ def check_ready(config: Config) -> Renderer:
     """Fail on bad input before anything runs: templates, environment and model settings."""
     renderer = Renderer(config.agent.templates_dir)
     check_environment(config.environment)
+    check_model(config)
+    return renderer
+
+
+def check_model(config: Config) -> None:
     if config.model.kind == "openai":
         if not config.model.base_url:
             raise ConfigError(
@@ -69,7 +74,6 @@ def check_ready(config: Config) -> Renderer:
             raise ConfigError("no model name: pass -m MODEL (or set model.name / MINISWE_MODEL)")
     elif config.model.kind == "scripted":
         build_model(config)
-    return renderer
 
 
 def run_task(

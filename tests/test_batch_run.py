@@ -177,8 +177,9 @@ def test_batch_budget_stops_running_tasks_and_starts_no_new_one(tmp_path, counti
         assert record["exit_detail"].startswith("batch_token_limit:")
     assert "4 task(s) not started (batch_token_limit" in result.log
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "incomplete"
+    # a task the budget cut off never had its chance: the next run gives it one, with the untouched ones
     finish = batch(counting_server, tasks, tmp_path / "run", workers=2)
-    assert (finish.ran, finish.kept) == (4, 2) and len(by_id(tmp_path / "run")) == 6
+    assert (finish.ran, finish.kept) == (6, 0) and len(by_id(tmp_path / "run")) == 6
 
 
 def test_swebench_instances_run_as_they_are_and_give_predictions_by_instance_id(tmp_path, counting_server):
@@ -347,6 +348,21 @@ def test_sigint_twice_stops_at_once_and_kills_running_commands(tmp_path):
             pid = int(pid_file.read_text())
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+
+
+def test_one_sigint_stops_tasks_waiting_out_a_rate_limit(tmp_path):
+    run = tmp_path / "run"
+    write_tasks(tmp_path / "tasks.yaml", [task(f"t{i}") for i in range(2)])
+    with ScriptedServer(default={"status": 429, "retry_after": 30}) as server:
+        proc = start_batch(tmp_path, server, "-w", "2")
+        wait_for(lambda: len(server.requests) >= 1)  # the shared pause then holds the other worker back too
+        time.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code, out, err = finish(proc, timeout=20)
+        assert code == 130, err
+        assert time.monotonic() - started < 5, "waited out the Retry-After instead of stopping"
+        assert {r["exit_status"] for r in by_id(run).values()} == {"Interrupted"}
 
 
 def test_shards_are_disjoint_and_merge_into_one_run(tmp_path, cli, counting_server):

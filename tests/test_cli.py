@@ -280,3 +280,14 @@ def test_output_path_that_is_a_directory(cli, server, tmp_path):
     (tmp_path / "out").mkdir()
     result = cli("run", "x", *endpoint(server), "-o", "out")
     assert result.returncode == 2 and "-o out: is a directory" in result.stderr
+
+
+def test_odd_reply_shapes_are_retried_or_read_not_crashed_on(cli, server, tmp_path):
+    bad_message = {"body": {"choices": [{"message": "just a string", "finish_reason": "stop"}]}}
+    odd_usage = {"body": {"choices": [{"message": {"role": "assistant", "content": [{"type": "text", "text": act("echo parts")}]},
+                                       "finish_reason": "stop"}], "usage": {"total_tokens": "lots", "cost": "free"}}}
+    server.push(bad_message, odd_usage, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.max_backoff=0.01")
+    assert result.returncode == 0, result.stderr
+    data = traj(tmp_path)
+    assert data["steps"][0]["output"] == "parts\n" and data["usage"]["retries"] == 1

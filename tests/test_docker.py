@@ -433,3 +433,19 @@ def test_a_command_killing_sleep_and_bash_does_not_end_the_container(fresh):
     env.execute("sleep 100 & sleep 0.2; pkill sleep; pkill bash; true", timeout=10)
     assert env.execute("echo still-here", timeout=10).output == "still-here\n"
     assert exists(env.name)
+
+
+def test_processes_that_escape_the_group_do_not_outlive_the_step(fresh):
+    env = fresh()
+    result = env.execute("setsid bash -c 'while :; do sleep 0.1; done' & nohup setsid sleep 300 >/dev/null & echo bg", timeout=10)
+    assert result.output.startswith("bg")
+    listing = processes(env)
+    assert "sleep 300" not in listing and "while :" not in listing, listing
+    assert env.execute("echo fine", timeout=10).output == "fine\n"
+
+
+def test_setsid_cannot_outlive_a_timeout_either(fresh):
+    env = fresh()
+    result = env.execute("setsid bash -c 'while :; do :; done' & sleep 1000", timeout=1)
+    assert result.timed_out
+    assert "while :" not in processes(env)

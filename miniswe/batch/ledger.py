@@ -37,7 +37,7 @@ def read_lines(path: str, *, repair: bool = False, warn=None) -> list[dict[str, 
             continue
         try:
             record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("id", "exit_status")):
                 raise ValueError("not a task record")
         except ValueError:
             if number == len(lines):  # no newline after it: torn by a crash mid-write
@@ -95,14 +95,23 @@ class Ledger:
             self.records[record["id"]] = record
             return True
 
+    def amend(self, record: dict[str, Any]) -> None:
+        """Append a corrected line for a task's kept result (the last line per id wins)."""
+        with self._lock:
+            _append_bytes(self.path, record_line(record).encode("utf-8"))
+            self._lines.append(record)
+            self.records[record["id"]] = record
+
     def compact(self) -> None:
         """Move superseded lines (earlier attempts) to the history file, keeping one line per task."""
         with self._lock:
             if len(self._lines) == len(self.records):
                 return
             keep = {id(record) for record in self.records.values()}
+            # one line per attempt: an amended line (see `amend`) replaces the attempt's first one
+            superseded = {(r["id"], r.get("attempt")): r for r in self._lines if id(r) not in keep}
             # history first: a crash between the two writes duplicates a line there, never loses one
-            _append_bytes(self.history, "".join(record_line(r) for r in self._lines if id(r) not in keep).encode("utf-8"))
+            _append_bytes(self.history, "".join(record_line(r) for r in superseded.values()).encode("utf-8"))
             write_atomic(self.path, "".join(record_line(r) for r in self.records.values()))
             self._lines = list(self.records.values())
 

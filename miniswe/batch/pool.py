@@ -108,6 +108,7 @@ class Pool:
         attempt = 1
         try:
             attempt = _fresh_start(plan)
+            self._repoint_earlier(plan, attempt)
             with self._lock:
                 self._in_flight[plan.id] = (plan, attempt, started, clock)
             self.state.task_started(plan.id)
@@ -121,9 +122,10 @@ class Pool:
             )
             trajectory = result.trajectory
             status = ExitStatus(trajectory.data["exit_status"])
-            if self.control.aborted and status not in AGENT_OUTCOMES and status is not ExitStatus.INTERRUPTED:
-                # cut short by the second signal (a cancelled backoff, a killed command): that is an interruption
-                trajectory.finish(ExitStatus.INTERRUPTED, f"{self.control.signal_name} twice: stopped at once ({status}: {trajectory.data['exit_detail']})")
+            if self.control.signal_name and status not in AGENT_OUTCOMES and status is not ExitStatus.INTERRUPTED:
+                # cut short by the signal (a cancelled backoff, a killed command): that is an interruption
+                how = "twice: stopped at once" if self.control.aborted else "while waiting to retry"
+                trajectory.finish(ExitStatus.INTERRUPTED, f"{self.control.signal_name} {how} ({status}: {trajectory.data['exit_detail']})")
                 trajectory.save()
             return make_record(plan, trajectory.data, len(trajectory.steps), attempt, started, time.monotonic() - clock)
         except Exception:  # a bug outside run_task's own guard: the task still ends with a record
@@ -133,6 +135,14 @@ class Pool:
             data, steps = _finish_on_disk(plan.trajectory, ExitStatus.ERROR, detail) if ran else ({}, 0)
             data = data or {"exit_status": str(ExitStatus.ERROR), "exit_detail": detail, "usage": {}}
             return make_record(plan, data, steps, attempt, started, time.monotonic() - clock)
+
+    def _repoint_earlier(self, plan: Plan, attempt: int) -> None:
+        """The earlier attempt's trajectory was just set aside: its ledger line must follow it, or a crash
+        during this attempt would leave the kept result pointing at this attempt's unfinished file."""
+        earlier = self.ledger.records.get(plan.id)
+        moved = os.path.join(plan.id, f"{plan.id}.attempt{attempt - 1}.traj.json")
+        if earlier and attempt > 1 and earlier.get("trajectory") != moved:
+            self.ledger.amend({**earlier, "trajectory": moved})
 
     def _record(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -162,7 +172,7 @@ class Pool:
             if gate is None:
                 gate = self._gates[key] = CallGate(self.max_concurrent_calls)
                 self.control.gates.append(gate)
-                if self.control.aborted:
+                if self.control.signal_name:
                     gate.cancelled.set()
             return gate
 

@@ -28,7 +28,8 @@ from miniswe.batch.stop import StopControl, install_signal_handlers
 from miniswe.batch.tasks import TaskFile, load_tasks
 from miniswe.config import Config
 from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
-from miniswe.runner import check_ready, redacted
+from miniswe.environments import check_environment
+from miniswe.runner import check_model, redacted
 from miniswe.status import EXIT_INFRA, EXIT_SIGINT, EXIT_SIGTERM, INFRA_FAILURES
 from miniswe.templates import Renderer
 
@@ -65,9 +66,10 @@ class BatchResult:
     not_started: list[str] = field(default_factory=list)
 
 
-def default_run_dir(tasks_path: str) -> str:
+def default_run_dir(tasks_path: str, shard: str | None = None) -> str:
     stem = re.sub(r"\.(jsonl|json|ya?ml)$", "", os.path.basename(tasks_path), flags=re.IGNORECASE)
-    return os.path.join("trajectories", stem or "batch")
+    suffix = "-shard" + shard.replace("/", "of") if shard else ""  # shards on one host must not share a directory
+    return os.path.join("trajectories", (stem or "batch") + suffix)
 
 
 def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = None) -> BatchResult:
@@ -79,7 +81,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
                             seed=options.seed, shard=options.shard)
     if not selected:
         raise UsageError(f"{options.tasks}: no task selected by --filter/--slice/--shard (the file has {len(task_file.tasks)})")
-    run_dir = RunDir(options.run_dir or default_run_dir(options.tasks))
+    run_dir = RunDir(options.run_dir or default_run_dir(options.tasks, options.shard))
     plans = plan_tasks(task_file, selected, config, run_dir.path)
     renderers = check_plans(task_file, plans)
     check_endpoints(plans)
@@ -92,7 +94,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
             run_dir.check_same(previous, task_file.sha256, os.path.abspath(options.tasks), identity)
         ledger = Ledger(run_dir.path)
         redo = redo_ids(options.redo, [p.id for p in plans], ledger.records)
-        todo = [p for p in plans if p.id in redo or ledger.records.get(p.id, {}).get("exit_status") not in AGENT_STATUSES]
+        todo = [p for p in plans if p.id in redo or not _finished(ledger.records.get(p.id))]
         todo_ids = {p.id for p in todo}
         kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]
         run = run_dir.start_run(previous, _run_info(task_file, options, config, identity, len(selected)))
@@ -143,23 +145,35 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
 
 
 def check_plans(task_file: TaskFile, plans: list[Plan]) -> dict[str, Renderer]:
-    """Templates and model settings of every distinct task config, checked once; renderers by templates dir."""
+    """Every task's templates, environment and model settings; renderers by templates dir.
+
+    Templates and models are checked once per distinct setting: building a renderer costs milliseconds,
+    which a SWE-bench-sized list would pay thousands of times over.
+    """
     renderers: dict[str, Renderer] = {}
-    seen: set[tuple] = set()
+    models: set[tuple] = set()
     for plan in plans:
         model, agent = plan.config.model, plan.config.agent
-        key = (model.kind, model.base_url, model.name, model.script, agent.templates_dir, repr(plan.config.environment))
-        if key in seen:
-            continue
-        seen.add(key)
         try:
-            renderer = check_ready(plan.config)
+            if agent.templates_dir not in renderers:
+                renderers[agent.templates_dir] = Renderer(agent.templates_dir)
+            check_environment(plan.config.environment)
+            key = (model.kind, model.base_url, model.name, model.script)
+            if key not in models:
+                check_model(plan.config)
+                models.add(key)
         except ConfigError as error:
             if not (plan.task.config or plan.task.env):
                 raise
             raise TaskFileError(f"{task_file.path}: {plan.task.where} (id {plan.id}): {error}") from None
-        renderers.setdefault(agent.templates_dir, renderer)
     return renderers
+
+
+def _finished(record: dict[str, Any] | None) -> bool:
+    """Ended with an agent outcome, and not merely cut off by a batch budget (that task never had its chance)."""
+    if not record or record.get("exit_status") not in AGENT_STATUSES:
+        return False
+    return not str(record.get("exit_detail") or "").startswith("batch_")
 
 
 def check_endpoints(plans: list[Plan]) -> None:

@@ -34,6 +34,8 @@ class StopControl:
         """First signal: graceful stop. Second: stop at once."""
         if self.signal_name is None:
             self.signal_name = name
+            for gate in self.gates:
+                gate.cancelled.set()  # a task waiting out a backoff has reached a boundary of its own: stop it
         else:
             self.abort()
         self.changed.set()

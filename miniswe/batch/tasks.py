@@ -18,6 +18,8 @@ from miniswe.errors import TaskFileError
 FIELDS = ("id", "task", "cwd", "setup", "eval", "env", "config", "metadata")
 MAPPINGS = ("env", "config", "metadata")
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+# a task's folder sits beside these in the run directory
+RESERVED_IDS = {"results.jsonl", "results.history.jsonl", "preds.json", "run.json", "report.md"}
 # SWE-bench fields worth keeping in the trajectory's metadata (the large texts stay in `fields` only).
 SWEBENCH_METADATA = ("repo", "base_commit", "version", "environment_setup_commit", "created_at")
 MAX_PROBLEMS = 10
@@ -56,7 +58,7 @@ def load_tasks(path: str) -> TaskFile:
             raw = handle.read()
     except OSError as error:
         raise TaskFileError(f"{path}: cannot read task file: {error.strerror}") from None
-    text = raw.decode("utf-8", errors="replace")
+    text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff")  # editors on Windows add a BOM
     entries = _parse(path, text)
     tasks: list[Task] = []
     problems: list[str] = []
@@ -171,6 +173,8 @@ def _task(where: str, entry: Any) -> Task:
             f"{name}: {task_id!r} is not safe as a file name; use letters, digits, '.', '_' and '-' "
             "(starting with a letter or digit, at most 200 characters)"
         )
+    if task_id.lower() in RESERVED_IDS:
+        raise _Problem(f"{name}: {task_id!r} is the name of one of the run directory's own files; rename the task")
     text = entry.get("task", entry.get("problem_statement"))
     text_name = "task" if "task" in entry or not swebench else "problem_statement"
     if not isinstance(text, str) or not text.strip():

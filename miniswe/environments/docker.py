@@ -35,6 +35,8 @@ STDERR_LIMIT = 1 << 16
 # Runs inside the container as `bash -c WRAPPER miniswe TIMEOUT COMMAND`. Job control gives the command its
 # own process group, so the watchdog (on timeout) and the wrapper (after a normal exit) can kill everything
 # it started; killing the `docker exec` client on the host would not stop anything inside the container.
+# Then a sweep kills whatever escaped the group (setsid, double forks): in a run's own container, nothing
+# but init, the keeper and its sleep may outlive a step. It reads /proc with builtins only, forking nothing.
 # Markers go to the exec's stderr, which carries nothing else: the command's stderr is merged into stdout.
 WRAPPER = r"""set -m
 bash -c "$2" 2>&1 &
@@ -45,13 +47,28 @@ dog=$!
 wait "$cmd"
 rc=$?
 kill -KILL -- -"$dog" -"$cmd" 2>/dev/null
+keeper=
+for d in /proc/[0-9]*; do
+  { mapfile -d '' args < "$d/cmdline"; } 2>/dev/null || continue
+  [[ ${args[0]} == bash && ${args[3]} == miniswe-keeper ]] && { keeper=${d#/proc/}; break; }
+done
+for d in /proc/[0-9]*; do
+  p=${d#/proc/}
+  [[ $p == 1 || $p == $$ || $p == "$keeper" ]] && continue
+  ppid=
+  { while read -r key value; do [[ $key == PPid: ]] && { ppid=$value; break; }; done < "$d/status"; } 2>/dev/null
+  [[ -n $keeper && $ppid == "$keeper" ]] || kill -KILL "$p" 2>/dev/null
+done
 echo "miniswe:exit $rc" >&2
 exit $rc
 """
 
 # The container's main process: it lives out the lifetime ceiling, and a command's `pkill sleep` or
 # `pkill bash` (ignored signals) does not end the container under the run.
-KEEPER = 'trap "" TERM INT HUP; while [ "$SECONDS" -lt "$1" ]; do sleep 10 & wait $!; done'
+KEEPER = (
+    'trap "" TERM INT HUP; '
+    'while [ "$SECONDS" -lt "$1" ]; do r=$(( $1 - SECONDS )); sleep $(( r < 10 ? r : 10 )) & wait $!; done'
+)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ with Fibonacci backoff and jitter, honouring Retry-After; requests the server re
 from __future__ import annotations
 
 import email.utils
+import math
 import os
 import random
 import time
@@ -127,27 +128,34 @@ class OpenAIModel:
             raise self._error(f"{self.url} answered {response.status_code}: {_server_message(response)}; {fix}", 0)
         try:
             data = response.json()
-            data["choices"][0]["message"]
+            message = data["choices"][0]["message"]
+            if not isinstance(message, dict) or not isinstance(message.get("content"), (str, list, type(None))):
+                raise TypeError("message")
         except (ValueError, KeyError, IndexError, TypeError):
             raise _Transient(f"{self.url} sent a malformed reply: {response.text[:120]!r}") from None
         return data
 
     def _reply(self, data: dict[str, Any]) -> Reply:
         choice = data["choices"][0]
-        message = choice["message"] or {}
-        raw = data.get("usage") or {}
-        details = raw.get("prompt_tokens_details") or {}
+        message = choice["message"]
+        content = message.get("content") or ""
+        if isinstance(content, list):  # content parts, as some providers send them: keep the text
+            content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+        raw = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
         usage = Usage(
-            prompt_tokens=int(raw.get("prompt_tokens") or 0),
-            completion_tokens=int(raw.get("completion_tokens") or 0),
-            cached_tokens=int(details.get("cached_tokens") or raw.get("cached_tokens") or 0),
+            prompt_tokens=int(_number(raw.get("prompt_tokens"))),
+            completion_tokens=int(_number(raw.get("completion_tokens"))),
+            cached_tokens=int(_number(details.get("cached_tokens") or raw.get("cached_tokens"))),
         )
-        usage.total_tokens = int(raw.get("total_tokens") or usage.prompt_tokens + usage.completion_tokens)
-        usage.cost = float(raw["cost"]) if raw.get("cost") is not None else self._price(usage)
+        usage.total_tokens = int(_number(raw.get("total_tokens")) or usage.prompt_tokens + usage.completion_tokens)
+        cost = _number(raw.get("cost"), None)
+        usage.cost = cost if cost is not None else self._price(usage)
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
         return Reply(
-            content=message.get("content") or "",
-            reasoning=message.get("reasoning_content") or message.get("reasoning"),
-            finish_reason=choice.get("finish_reason"),
+            content=content,
+            reasoning=reasoning if isinstance(reasoning, str) else None,
+            finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
             usage=usage,
         )
 
@@ -172,6 +180,17 @@ class OpenAIModel:
         error = ModelError(self._scrub(message))
         error.retries = retries
         return error
+
+
+def _number(value: Any, default: float | None = 0.0) -> float | None:
+    """A usage figure as a number; whatever else a server put there counts as unknown."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        return default
+    return number if math.isfinite(number) else default
 
 
 def _server_message(response: requests.Response) -> str:
