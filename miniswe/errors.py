@@ -11,13 +11,15 @@
 Expected outcomes (limits, format errors, timeouts) are exit statuses, never exceptions.
 """
 
+from miniswe.status import EXIT_BAD_INPUT, EXIT_INFRA
+
 
 class MinisweError(Exception):
-    exit_code = 3
+    exit_code = EXIT_INFRA
 
 
 class UsageError(MinisweError):
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
 
 class ConfigError(UsageError):
