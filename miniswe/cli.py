@@ -186,7 +186,6 @@ def batch(
             batch_token_limit=batch_token_limit, quiet=quiet,
             command=_rerun_command("batch", output, default_run_dir(tasks, shard), fallback=[tasks]),
         )
-        _warn_orphans(cfg)
         _run_batch(cfg, options)
     except MinisweError as error:
         fail(error)
@@ -331,18 +330,10 @@ def cleanup(
 
 
 def _warn_orphans(cfg) -> None:
-    """One line when dead runs left containers behind; never a reason to stop this run."""
-    if cfg.environment.kind != "docker":
-        return
-    from miniswe.environments.docker import find_orphans
-    from miniswe.errors import MinisweError
+    if cfg.environment.kind == "docker":
+        from miniswe.environments.docker import warn_orphans
 
-    try:
-        orphans = find_orphans(cfg.environment.executable)
-    except MinisweError:
-        return
-    if orphans:
-        print(f"miniswe: warning: {len(orphans)} container(s) left by dead miniswe runs; remove them with `miniswe cleanup`", file=sys.stderr)
+        warn_orphans([cfg.environment.executable])
 
 
 def main() -> None:

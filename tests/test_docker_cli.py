@@ -296,7 +296,7 @@ def test_hanging_forking_command_is_killed_inside_before_the_next_step(runs, ser
 # ---------------------------------------------------------------- kill -9, orphans and `miniswe cleanup`
 
 
-def test_kill_9_leaves_an_orphan_that_cleanup_removes_but_live_runs_are_kept(runs, server, cli):
+def test_kill_9_leaves_an_orphan_that_cleanup_removes_but_live_runs_are_kept(runs, server, cli, tmp_path):
     server.push(act("echo first"), act("sleep 32"))
     doomed = runs.start(server, name="doomed.json")
     doomed_run, doomed_container = runs.container_when_busy(doomed, "sleep 32")
@@ -312,6 +312,12 @@ def test_kill_9_leaves_an_orphan_that_cleanup_removes_but_live_runs_are_kept(run
     assert warned.returncode == 0, warned.err
     assert ORPHAN_WARNING in warned.err and "miniswe cleanup" in warned.err
     assert_gone(warned)
+    # so does a batch whose task names its own image (no --env on the command line)
+    server.push(SUBMIT)
+    (tmp_path / "image-task.yaml").write_text(f"- id: boxed\n  task: t\n  env: {{image: {IMAGE}}}\n")
+    batch = cli("batch", "image-task.yaml", "-o", "image-run", "--base-url", server.base_url, "-m", "m", "-q")
+    assert batch.returncode == 0, batch.stderr
+    assert ORPHAN_WARNING in batch.stderr
 
     listed = cli("cleanup", "--dry-run")
     assert listed.returncode == 0, listed.stderr

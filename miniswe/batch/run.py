@@ -85,6 +85,11 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
     plans = plan_tasks(task_file, selected, config, run_dir.path)
     renderers = check_plans(task_file, plans)
     check_endpoints(plans)
+    docker = [p.config.environment.executable for p in plans if p.config.environment.kind == "docker"]
+    if docker:  # per task: a task's own env.image runs it in a container too
+        from miniswe.environments.docker import warn_orphans
+
+        warn_orphans(docker)
 
     run_dir.lock()
     try:

@@ -15,6 +15,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -358,6 +359,19 @@ def find_orphans(executable: str = "docker", all: bool = False) -> list[dict[str
             }
         )
     return sorted(found, key=lambda c: c["created"])
+
+
+def warn_orphans(executables: list[str]) -> None:
+    """One line on stderr when dead runs left containers behind; never a reason to stop this run."""
+    found = 0
+    for executable in dict.fromkeys(executables):
+        try:
+            found += len(find_orphans(executable))
+        except SandboxError:
+            continue
+    if found:
+        print(f"miniswe: warning: {found} container(s) left by dead miniswe runs; remove them with `miniswe cleanup`",
+              file=sys.stderr)
 
 
 def remove_containers(ids: list[str], executable: str = "docker") -> list[str]:
