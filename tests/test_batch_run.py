@@ -447,3 +447,14 @@ def test_a_pause_holds_back_callers_already_queued_for_a_slot():
         thread.join(5)
     assert len(started) == 4
     assert min(started[1:]) >= 1.0, f"queued callers went ahead during the pause: {started}"
+
+
+def test_merge_of_some_shards_says_which_are_missing(tmp_path, cli, counting_server):
+    write_tasks(tmp_path / "tasks.yaml", [task(f"t{i:02d}", 1) for i in range(6)])
+    endpoint = ["--base-url", counting_server.base_url, "-m", "test-model"]
+    for i in (1, 3):
+        assert cli("batch", "tasks.yaml", "--shard", f"{i}/3", "-o", f"shard{i}", *endpoint, "-q").returncode == 0
+    merged = cli("merge", "shard1", "shard3", "-o", "part")
+    assert merged.returncode == 0, merged.stderr
+    assert "**Not merged:** shard(s) 2/3" in merged.stdout
+    assert json.loads((tmp_path / "part" / "run.json").read_text())["missing_shards"] == ["2/3"]

@@ -16,6 +16,9 @@ from miniswe.batch.ledger import LEDGER, record_line
 from miniswe.batch.report import build_report, load_run, render_markdown
 from miniswe.batch.rundir import FORMAT, REPORT_MD, RUN_JSON, RunDir
 from miniswe.errors import UsageError
+from miniswe.status import INFRA_FAILURES
+
+RERUN_STATUSES = {"Interrupted"} | {str(status) for status in INFRA_FAILURES}
 
 
 def merge_runs(run_dirs: list[str], out: str, *, force: bool = False) -> tuple[dict[str, Any], str]:
@@ -51,12 +54,16 @@ def merge_runs(run_dirs: list[str], out: str, *, force: bool = False) -> tuple[d
     target = RunDir(out)
     target.write_preds(records)
     first = next((run for _, _, run in runs if run), None) or {}
+    # a failed task is rerun in its own shard, by that shard's command, then the shards are merged again
+    needing_rerun = {origin[r["id"]] for r in records if r["exit_status"] in RERUN_STATUSES}
+    shard_commands = [run.get("command") for path, _, run in runs if run and path in needing_rerun and run.get("command")]
     run = {
         "format": FORMAT, "version": 1, "miniswe_version": __version__,
         "task_file": first.get("task_file", {}), "model": first.get("model"), "config": first.get("config"),
         "merged_from": sources, "started": min((r.get("started") or "" for _, _, r in runs if r), default=now()),
         "ended": now(), "status": "merged", "selected": sum((r or {}).get("selected", 0) for _, _, r in runs),
-        "command": first.get("command"), "invocations": [],
+        "command": None, "shard_commands": shard_commands, "invocations": [],
+        "missing_shards": _missing_shards(runs),
     }
     write_json(target.file(RUN_JSON), run)
     report = build_report(records)
@@ -75,6 +82,17 @@ def _check_same_batch(runs: list[tuple[str, list, dict | None]], force: bool) ->
             raise UsageError(f"merge: {path} ran another task file than {first_path}; pass --force to merge anyway")
         if run.get("model") != first.get("model"):
             raise UsageError(f"merge: {path} ran another model than {first_path}; pass --force to merge anyway")
+
+
+def _missing_shards(runs: list[tuple[str, list, dict | None]]) -> list[str]:
+    """Shards of the same split (I/N) that were not given, so a partial merge does not pass for a whole one."""
+    given: dict[int, set[int]] = {}
+    for _, _, run in runs:
+        shard = ((run or {}).get("options") or {}).get("shard") or ""
+        index, _, count = shard.partition("/")
+        if index.isdigit() and count.isdigit():
+            given.setdefault(int(count), set()).add(int(index))
+    return [f"{i}/{n}" for n, indexes in sorted(given.items()) for i in range(1, n + 1) if i not in indexes]
 
 
 def _outcome(record: dict[str, Any]) -> tuple:

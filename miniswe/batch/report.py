@@ -103,8 +103,14 @@ def render_markdown(report: dict[str, Any], records: list[dict[str, Any]], run: 
     lines.append("")
     if failures or interrupted:
         what = " and ".join(x for x in (f"{len(failures)} failed" if failures else "", f"{interrupted} interrupted" if interrupted else "") if x)
-        command = (run or {}).get("command") or f"miniswe batch TASKS -o {run_dir}"
-        lines += [f"Rerun only the {what} tasks (finished ones are kept): `{command}`", ""]
+        if run and run.get("status") == "merged":
+            commands = "; ".join(f"`{command}`" for command in run.get("shard_commands") or []) or "each shard's own command"
+            lines += [f"Rerun only the {what} tasks in their shards (finished ones are kept): {commands}; then merge again.", ""]
+        else:
+            command = (run or {}).get("command") or f"miniswe batch TASKS -o {run_dir}"
+            lines += [f"Rerun only the {what} tasks (finished ones are kept): `{command}`", ""]
+    if run and run.get("missing_shards"):
+        lines += [f"**Not merged:** shard(s) {', '.join(run['missing_shards'])}; this report covers part of the task list.", ""]
     return "\n".join(lines)
 
 
