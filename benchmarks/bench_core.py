@@ -15,7 +15,6 @@ import http.client
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys

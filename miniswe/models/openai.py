@@ -49,11 +49,11 @@ class OpenAIModel:
     def __init__(self, config: ModelConfig, gate: CallGate | None = None):
         if not config.base_url:
             raise ConfigError(
-                "no model endpoint configured: pass --base-url URL (or set OPENAI_BASE_URL), "
-                "or run the offline demo with `miniswe demo`"
+                "no model endpoint configured: pass --base-url URL (or set OPENAI_BASE_URL) and -m MODEL; "
+                "or try the offline demo: miniswe demo"
             )
         if not config.name:
-            raise ConfigError("no model name: pass -m MODEL (or set model.name)")
+            raise ConfigError("no model name: pass -m MODEL (or set model.name / MINISWE_MODEL)")
         self.config = config
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self.gate = gate or CallGate()
