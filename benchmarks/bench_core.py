@@ -25,15 +25,9 @@ from urllib.parse import urlsplit
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from openai_server import ScriptedServer  # noqa: E402
+from replies import SUBMIT_MARKER, act  # noqa: E402
 
-F = "```"
-
-
-def act(command: str) -> str:
-    return f"THOUGHT: next step.\n\n{F}bash\n{command}\n{F}\n"
-
-
-SUBMIT = act("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+SUBMIT = act(f"echo {SUBMIT_MARKER}")
 
 
 def child_peak_rss(argv: list[str], cwd: str, env: dict) -> tuple[float, float, int]:

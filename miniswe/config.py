@@ -1,7 +1,10 @@
-"""Configuration: frozen dataclasses, merged left to right from YAML files and key=value overrides.
+"""Configuration: frozen dataclasses built from YAML files and key=value overrides, merged left to right.
 
-Unknown keys, wrong types and bad values fail before anything runs, naming the source, the dotted
-key and a close match. Secrets are never values here: `model.api_key_env` names a variable.
+`agent` and `protocol` are declared here. `environment` and `model` belong to their kind: the section is
+checked against the settings dataclass the chosen kind declares (see environments/ and models/), so a
+third party's kind brings its own keys. Unknown keys, wrong types and bad values fail before anything
+runs, naming the source, the dotted key and a close match. Secrets are never values here:
+`model.api_key_env` names a variable.
 """
 
 from __future__ import annotations
@@ -14,76 +17,52 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from miniswe.environments import KINDS as ENVIRONMENT_KINDS
+from miniswe.environments import EnvironmentConfig, environment_config_class
 from miniswe.errors import ConfigError
+from miniswe.models import KINDS as MODEL_KINDS
+from miniswe.models import ModelConfig, model_config_class
 
 
 @dataclass(frozen=True)
 class AgentConfig:
-    step_limit: int = 100
-    token_limit: int = 0
-    cost_limit: float = 0.0
-    time_limit: float = 0.0
-    max_format_errors: int = 3
-    output_limit: int = 10_000
-    templates_dir: str = ""
+    step_limit: int = 100  # model calls per run, format errors included; 0 = unlimited
+    token_limit: int = 0  # cumulative total tokens (prompt + completion) per run; 0 = unlimited
+    cost_limit: float = 0.0  # cumulative cost in USD per run; 0 = unlimited
+    time_limit: float = field(default=0.0, metadata={"seconds": True})  # wall seconds for the whole run: model calls, waits and commands; 0 = unlimited
+    max_format_errors: int = 3  # consecutive replies without exactly one action block before RepeatedFormatError
+    output_limit: int = 10_000  # characters of command output the model sees (head + tail); the trajectory keeps more
+    templates_dir: str = ""  # a folder searched before the shipped templates/ (override any .j2 by name)
 
 
 @dataclass(frozen=True)
 class ProtocolConfig:
-    action_tags: list[str] = field(default_factory=lambda: ["mswea_bash_command", "bash"])
-    submit_marker: str = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-
-
-@dataclass(frozen=True)
-class EnvironmentConfig:
-    kind: str = "local"
-    cwd: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    timeout: float = 60.0
-    capture_limit: int = 1_000_000
-    image: str = ""
-    forward_env: list[str] = field(default_factory=list)
-    run_args: list[str] = field(default_factory=list)
-    executable: str = "docker"
-    pull: str = "missing"
-    start_timeout: float = 120.0
-    container_lifetime: float = 14_400.0
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    kind: str = "openai"
-    name: str = ""
-    base_url: str = ""
-    api_key_env: str = "OPENAI_API_KEY"
-    temperature: float = 0.0
-    params: dict[str, Any] = field(default_factory=dict)
-    retries: int = 10
-    timeout: float = 600.0
-    connect_timeout: float = 10.0
-    max_backoff: float = 60.0
-    prices: dict[str, float] = field(default_factory=dict)
-    script: str = ""
+    action_tags: list[str] = field(default_factory=lambda: ["mswea_bash_command", "bash"],
+                                   metadata={"nonempty": True})  # fenced-block info strings that mark the one action
+    submit_marker: str = field(default="COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
+                               metadata={"nonempty": True})  # first output line that ends the run as Submitted
 
 
 @dataclass(frozen=True)
 class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
-    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    environment: EnvironmentConfig = field(default_factory=lambda: environment_config_class("local")())
+    model: ModelConfig = field(default_factory=lambda: model_config_class("openai")())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-CHOICES = {
-    "environment.kind": ("local", "docker"),
-    "environment.pull": ("never", "missing", "always"),
-    "model.kind": ("openai", "scripted"),
+# The sections whose keys depend on their `kind`: base class, kind -> settings class, built-in kinds.
+PLUGGABLE = {
+    "environment": (EnvironmentConfig, environment_config_class, ENVIRONMENT_KINDS),
+    "model": (ModelConfig, model_config_class, MODEL_KINDS),
 }
-PRICE_KEYS = ("prompt", "completion", "cached")
-NON_NEGATIVE = (int, float)
+FIXED = {"agent": AgentConfig, "protocol": ProtocolConfig}
+SECTIONS = ("agent", "protocol", "environment", "model")
+MAX_SECONDS = 366 * 86400.0  # a longer wait is a typo (and overflows the system's timers); 0 means none
+MAX_NUMBER = 1e15
 
 
 def default_config_path() -> str:
@@ -92,40 +71,73 @@ def default_config_path() -> str:
     return os.path.join(config_dir(), "default.yaml")
 
 
-def load_config(*sources: str | dict[str, Any], defaults: bool = True) -> Config:
-    """Merge the shipped defaults, then each source (a YAML path, `key.path=value`, or a dict)."""
-    import yaml
-
+def load_config(*sources: str | dict[str, Any]) -> Config:
+    """The defaults, then each source in order: a YAML path, `key.path=value`, or a dict."""
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
-    for source in ([default_config_path()] if defaults else []) + list(sources):
-        name, data = _read_source(source, yaml)
+    for source in sources:
+        name, data = _read_source(source)
         _merge(merged, data, name, origin, prefix="")
-    return _checked(_build(Config, merged, origin, prefix=""))
+    return _build_config(merged, origin)
 
 
 def override(config: Config, **changes: dict[str, Any]) -> Config:
-    """A copy of `config` with sections updated, checked like any other source."""
+    """A copy of `config` with sections updated, checked like any other source. Switching a section's kind
+    drops the old kind's settings that were left at their defaults."""
     data = config.to_dict()
     origin: dict[str, str] = {}
     for section, values in changes.items():
+        current = getattr(config, section, None)
+        if section in PLUGGABLE and "kind" in values and values["kind"] != getattr(current, "kind", None):
+            data[section] = _explicit(current)
         _merge(data, {section: values}, "override", origin, prefix="")
-    return _checked(_build(Config, data, origin, prefix=""))
+    return _build_config(data, origin)
 
 
-def _checked(config: Config) -> Config:
-    """Settings that are fine alone but wrong together."""
-    env = config.environment
-    if env.kind == "local" and env.image:
-        # running an image's untrusted commands on the host by mistake is the one thing not to do quietly
-        raise ConfigError(
-            f"environment.image is {env.image!r} but environment.kind is local: set environment.kind=docker "
-            "(or pass --env docker / --image) to run in the image, or remove environment.image"
-        )
-    return config
+def config_from_record(recorded: dict[str, Any]) -> Config:
+    """The Config a trajectory recorded, rebuilt. Masked values come back from this process's environment,
+    by the variable's name (see redaction.restore_secrets), since no secret is ever recorded."""
+    from miniswe.redaction import restore_secrets
+
+    data = restore_secrets(recorded)
+    return _build_config(data, {key: "the recorded config" for key in _dotted_keys(data)})
 
 
-def _read_source(source: str | dict[str, Any], yaml: Any) -> tuple[str, dict[str, Any]]:
+def _explicit(section: Any) -> dict[str, Any]:
+    """A kind's settings that differ from that kind's defaults."""
+    defaults = type(section)()
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
+            if getattr(section, f.name) != getattr(defaults, f.name) and f.name != "kind"}
+
+
+def _build_config(data: dict[str, Any], origin: dict[str, str]) -> Config:
+    unknown = [key for key in data if key not in SECTIONS]
+    if unknown:
+        raise ConfigError(f"{origin.get(unknown[0], 'config')}: {unknown[0]}: unknown section{_suggest(unknown[0], SECTIONS)}")
+    sections = {}
+    for name in SECTIONS:
+        values = data.get(name, {})
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin.get(name, _nearest_origin(origin, name))}: {name}: expected a mapping, got {_kind(values)}")
+        if name in FIXED:
+            sections[name] = _build(FIXED[name], values, origin, prefix=f"{name}.")
+        else:
+            base, settings_class, builtins = PLUGGABLE[name]
+            kind = values.get("kind", base.kind)
+            where = origin.get(f"{name}.kind", "config")
+            try:
+                cls = settings_class(kind)
+            except ConfigError as error:
+                raise ConfigError(f"{where}: {error}") from None
+            sections[name] = _build(cls, values, origin, prefix=f"{name}.", other_kinds=(builtins, settings_class))
+    return Config(**sections)
+
+
+def _read_source(source: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    import yaml
+
     if isinstance(source, dict):
         return "command line", source
     if "=" in source and not os.path.exists(source):
@@ -146,6 +158,8 @@ def _read_source(source: str | dict[str, Any], yaml: Any) -> tuple[str, dict[str
             data = yaml.safe_load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{source}: config file not found (pass a YAML file or key.path=value)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{source}: is a directory; pass a YAML config file or key.path=value") from None
     except OSError as error:
         raise ConfigError(f"{source}: cannot read config file: {error.strerror}") from None
     except UnicodeDecodeError:
@@ -168,36 +182,70 @@ def _merge(into: dict, data: dict, name: str, origin: dict[str, str], prefix: st
             # sections, and the user's own mappings (env, params, prices) alike: a later source sets keys, one by one
             _merge(into[key], value, name, origin, prefix=dotted + ".")
         else:
-            into[key] = value
+            into[key] = value if not isinstance(value, dict) else dict(value)
             origin[dotted] = name
+            for sub in _dotted_keys(value, dotted + "."):
+                origin[sub] = name
 
 
-def _build(cls: type, data: Any, origin: dict[str, str], prefix: str) -> Any:
-    where = origin.get(prefix.rstrip("."), _nearest_origin(origin, prefix))
+def _dotted_keys(data: Any, prefix: str = "") -> list[str]:
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: {prefix.rstrip('.')}: expected a mapping, got {_kind(data)}")
+        return []
+    keys = []
+    for key, value in data.items():
+        keys.append(f"{prefix}{key}")
+        keys += _dotted_keys(value, f"{prefix}{key}.")
+    return keys
+
+
+def _build(cls: type, data: dict[str, Any], origin: dict[str, str], prefix: str, other_kinds: tuple | None = None) -> Any:
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    known = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(names)})"
-            raise ConfigError(f"{origin.get(dotted, where)}: {dotted}: unknown key{hint}")
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            values[key] = _build(hint, value, origin, dotted + ".")
-        else:
-            values[key] = _check(hint, value, dotted, origin.get(dotted, where))
+        where = origin.get(dotted, _nearest_origin(origin, dotted))
+        if key not in known:
+            raise ConfigError(f"{where}: {dotted}: unknown key{_unknown_hint(str(key), cls, list(known), other_kinds, prefix)}")
+        values[key] = _check(hints[key], known[key], value, dotted, where, origin)
     return cls(**values)
 
 
-def _check(hint: Any, value: Any, dotted: str, where: str) -> Any:
+def _unknown_hint(key: str, cls: type, names: list[str], other_kinds: tuple | None, prefix: str) -> str:
+    """Did-you-mean over this kind's keys, and over other built-in kinds' (naming the kind that has it)."""
+    owners: dict[str, str] = {}
+    if other_kinds:
+        builtins, settings_class = other_kinds
+        for kind in builtins:
+            other = settings_class(kind)
+            for spec in dataclasses.fields(other) if other is not cls else ():
+                if spec.name not in names:
+                    owners.setdefault(spec.name, kind)
+    close = difflib.get_close_matches(key, names + list(owners), n=1)
+    if close and close[0] in owners:
+        kind = owners[close[0]]
+        guess = "" if close[0] == key else f"did you mean {close[0]!r}? "
+        return f" for kind {cls().kind!r} ({guess}{close[0]} is a {kind} setting: set {prefix}kind={kind} to use it, or remove it)"
+    return _suggest(key, names)
+
+
+def _suggest(key: str, names: Any) -> str:
+    close = difflib.get_close_matches(key, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(names)})"
+
+
+def _check(hint: Any, spec: dataclasses.Field, value: Any, dotted: str, where: str, origin: dict[str, str]) -> Any:
     expected = typing.get_origin(hint) or hint
     args = typing.get_args(hint)
-    fail = lambda what: ConfigError(f"{where}: {dotted}: expected {what}, got {_kind(value)} {value!r:.60}")  # noqa: E731
-    if expected is float:
+    rules = spec.metadata
+
+    def fail(what: str) -> ConfigError:
+        return ConfigError(f"{where}: {dotted}: expected {what}, got {_kind(value)} {value!r:.60}")
+
+    if expected is bool:
+        if not isinstance(value, bool):
+            raise fail("true or false")
+    elif expected is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise fail("a finite number")
         value = float(value)
@@ -212,7 +260,9 @@ def _check(hint: Any, value: Any, dotted: str, where: str) -> Any:
         value = str(value)
     elif expected is list:
         if isinstance(value, str):
-            value = [value]
+            value = [value] if value else []
+        if value is None:
+            value = []
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise fail("a list of strings")
         value = list(value)
@@ -226,29 +276,46 @@ def _check(hint: Any, value: Any, dotted: str, where: str) -> Any:
             value = {str(k): "" if v is None else str(v) for k, v in value.items()}
         elif value_type is float:
             for k, v in value.items():
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise ConfigError(f"{where}: {dotted}.{k}: expected a number, got {_kind(v)}")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                    raise ConfigError(f"{origin.get(f'{dotted}.{k}', where)}: {dotted}.{k}: expected a number of 0 or more, got {_kind(v)} {v!r:.40}")
             value = {str(k): float(v) for k, v in value.items()}
         else:
             value = dict(value)
-    if isinstance(value, NON_NEGATIVE) and not isinstance(value, bool) and value < 0:
-        raise ConfigError(f"{where}: {dotted}: must be 0 or more (0 means unlimited), got {value}")
-    if dotted in CHOICES and value not in CHOICES[dotted]:
-        close = difflib.get_close_matches(value, CHOICES[dotted], n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(CHOICES[dotted])}"
-        raise ConfigError(f"{where}: {dotted}: unknown value {value!r} ({hint})")
-    if dotted == "model.prices":
-        unknown = sorted(set(value) - set(PRICE_KEYS))
+        allowed = rules.get("keys")
+        unknown = sorted(set(value) - set(allowed or value))
         if unknown:
-            raise ConfigError(f"{where}: model.prices.{unknown[0]}: unknown key (known: {', '.join(PRICE_KEYS)})")
-    if dotted == "protocol.action_tags" and not value:
-        raise ConfigError(f"{where}: protocol.action_tags: needs at least one tag, e.g. [bash]")
+            key = f"{dotted}.{unknown[0]}"
+            raise ConfigError(f"{origin.get(key, where)}: {key}: unknown key (known: {', '.join(allowed)})")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"{where}: {dotted}: must be 0 or more (0 means unlimited), got {value}")
+        ceiling = MAX_SECONDS if rules.get("seconds") else MAX_NUMBER
+        if value > ceiling:
+            raise ConfigError(f"{where}: {dotted}: {value:g} is too large (at most {ceiling:g}); use 0 for no limit")
+    if rules.get("nonempty") and (not value or (isinstance(value, list) and not all(item.strip() for item in value))
+                                  or (isinstance(value, str) and not value.strip())):
+        raise ConfigError(f"{where}: {dotted}: must not be empty (default: {_default(spec)!r})")
+    choices = rules.get("choices")
+    if choices and value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(choices)}"
+        raise ConfigError(f"{where}: {dotted}: unknown value {value!r} ({hint})")
     return value
 
 
-def _nearest_origin(origin: dict[str, str], prefix: str) -> str:
-    for dotted, name in origin.items():
-        if dotted.startswith(prefix):
+def _default(spec: dataclasses.Field) -> Any:
+    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+
+
+def _nearest_origin(origin: dict[str, str], dotted: str) -> str:
+    """Who set `dotted` or the closest key around it: a parent section, else a key inside it."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        name = origin.get(".".join(parts[:end]))
+        if name:
+            return name
+    for key, name in origin.items():
+        if key.startswith(dotted + "."):
             return name
     return "config"
 

@@ -1,19 +1,17 @@
-"""Showing a run as it happens: rich on a terminal, plain lines otherwise, or only the final line."""
+"""Showing a run's steps: rich on a terminal, plain lines otherwise, or nothing but the final line.
+
+A display takes recorded Steps, so it shows a live run and a finished trajectory alike. Steps and notices
+are progress (stderr); the final line is the run's data (stdout).
+"""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, TextIO
 
-from miniswe.models import Reply
+from miniswe.trajectory import Step, Trajectory
 
 PREVIEW_LINES = 8
-
-
-def thought_of(reply: str) -> str:
-    """The prose before the first fence: what the model said it would do."""
-    before, _, _ = reply.partition("```")
-    return before.strip()
 
 
 def trimmed(text: str, lines: int = PREVIEW_LINES) -> str:
@@ -24,81 +22,85 @@ def trimmed(text: str, lines: int = PREVIEW_LINES) -> str:
     return "\n".join(rows[:half] + [f"... ({len(rows) - lines} more lines)"] + rows[-half:])
 
 
-def summary_line(result: Any) -> str:
-    data = result.trajectory.data
-    usage = data["usage"]
+def summary_line(trajectory: Trajectory, resolved: bool | None = None) -> str:
+    usage = trajectory.usage
     parts = [
-        str(result.outcome.status),
-        f"{len(result.trajectory.steps)} steps",
-        f"{usage['total_tokens']:,} tokens",
-        f"${usage['cost']:.4f}",
-        f"{data['timing']['wall_s']:.1f}s",
-        result.trajectory.path,
+        trajectory.exit_status or "unfinished",
+        f"{len(trajectory.steps)} steps",
+        f"{usage.total_tokens:,} tokens",
+        f"${usage.cost:.4f}",
+        f"{trajectory.wall_s or 0:.1f}s",
+        trajectory.path,
     ]
-    if result.resolved is not None:
-        parts.insert(1, "resolved" if result.resolved else "not resolved")
+    if resolved is not None:
+        parts.insert(1, "resolved" if resolved else "not resolved")
     return " · ".join(parts)
 
 
-class PlainDisplay:
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stdout
+def step_status(step: Step) -> str:
+    if step.aborted:
+        return f"aborted ({step.aborted})"
+    return "timed out" if step.timed_out else f"rc={step.returncode}"
 
-    def step(self, step: dict[str, Any], reply: Reply) -> None:
-        out = self.stream
-        thought = thought_of(reply.content)
-        out.write(f"--- step {step['step']}\n")
-        if thought:
-            out.write(trimmed(thought, 4) + "\n")
-        if step["format_error"]:
-            out.write(f"! format error: {step['format_error']}\n")
+
+class PlainDisplay:
+    def __init__(self, progress: TextIO | None = None, data: TextIO | None = None):
+        self.progress = progress or sys.stderr
+        self.data = data or sys.stdout
+
+    def step(self, step: Step) -> None:
+        out = self.progress
+        out.write(f"--- step {step.step}\n")
+        if step.thought:
+            out.write(trimmed(step.thought, 4) + "\n")
+        if step.format_error:
+            out.write(f"! format error: {step.format_error}\n")
         else:
-            status = "timed out" if step["timed_out"] else f"rc={step['returncode']}"
-            out.write(f"$ {step['command']}\n{trimmed(step['output'])}\n[{status} · {step['duration_s']:.2f}s]\n")
+            out.write(f"$ {step.command}\n{trimmed(step.output)}\n[{step_status(step)} · {step.duration_s:.2f}s]\n")
         out.flush()
 
+    def notice(self, message: str) -> None:
+        print(f"miniswe: {message}", file=self.progress, flush=True)
+
     def final(self, line: str) -> None:
-        print(line, file=self.stream, flush=True)
+        print(line, file=self.data, flush=True)
 
 
-class RichDisplay:
-    def __init__(self):
+class RichDisplay(PlainDisplay):
+    def __init__(self) -> None:
+        super().__init__()
         from rich.console import Console
 
-        self.console = Console(highlight=False)
+        self.console = Console(stderr=True, highlight=False)
 
-    def step(self, step: dict[str, Any], reply: Reply) -> None:
+    def step(self, step: Step) -> None:
         from rich.markup import escape
 
         console = self.console
-        console.rule(f"step {step['step']}", style="dim")
-        thought = thought_of(reply.content)
-        if thought:
-            console.print(escape(trimmed(thought, 6)), style="italic dim")
-        if step["format_error"]:
-            console.print(f"format error: {step['format_error']}", style="bold red")
+        console.rule(f"step {step.step}", style="dim")
+        if step.thought:
+            console.print(escape(trimmed(step.thought, 6)), style="italic dim")
+        if step.format_error:
+            console.print(f"format error: {step.format_error}", style="bold red")
             return
-        console.print("$ " + escape(step["command"]), style="bold yellow")
-        if step["output"].strip():
-            console.print(escape(trimmed(step["output"])))
-        ok = step["returncode"] == 0
-        status = "timed out" if step["timed_out"] else f"rc={step['returncode']}"
-        console.print(f"[{'green' if ok else 'red'}]{status}[/] [dim]· {step['duration_s']:.2f}s[/]")
-
-    def final(self, line: str) -> None:
-        self.console.print(line, style="bold", soft_wrap=True)
+        console.print("$ " + escape(step.command or ""), style="bold yellow")
+        if step.output.strip():
+            console.print(escape(trimmed(step.output)))
+        ok = step.returncode == 0
+        console.print(f"[{'green' if ok else 'red'}]{escape(step_status(step))}[/] [dim]· {step.duration_s:.2f}s[/]")
 
 
-class QuietDisplay:
-    step = None
+class QuietDisplay(PlainDisplay):
+    def step(self, step: Step) -> None:
+        pass
 
-    def final(self, line: str) -> None:
-        print(line, flush=True)
+    def notice(self, message: str) -> None:
+        pass
 
 
 def make_display(quiet: bool) -> Any:
     if quiet:
         return QuietDisplay()
-    if sys.stdout.isatty():
+    if sys.stderr.isatty():
         return RichDisplay()
     return PlainDisplay()

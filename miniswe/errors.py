@@ -6,9 +6,13 @@
     │   ├── TaskFileError
     │   └── TrajectoryError
     ├── ModelError        endpoint unreachable, refused, or broken after retries      → exit 3
-    └── SandboxError      the environment could not run a command                     → exit 3
+    ├── SandboxError      the environment could not run a command                     → exit 3
+    ├── RecordError       a run's files could not be written (read-only, disk full)   → exit 3
+    ├── DeadlineReached   agent.time_limit passed during a model call or a wait        (→ TimeExceeded)
+    └── Cancelled         a stop request cut a model call or a wait short              (→ the stop's outcome)
 
-Expected outcomes (limits, format errors, timeouts) are exit statuses, never exceptions.
+Expected outcomes (limits, format errors, timeouts) are exit statuses, never exceptions; the last two
+only carry such an outcome out of a model call, and status.outcome_of turns them back into one.
 """
 
 from miniswe.status import EXIT_BAD_INPUT, EXIT_INFRA
@@ -39,4 +43,16 @@ class ModelError(MinisweError):
 
 
 class SandboxError(MinisweError):
+    pass
+
+
+class RecordError(MinisweError):
+    pass
+
+
+class DeadlineReached(MinisweError):
+    pass
+
+
+class Cancelled(MinisweError):
     pass

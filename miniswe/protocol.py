@@ -153,6 +153,17 @@ def _glued_close(block: _Block) -> _Block:
     return block
 
 
+def thought_of(reply: str) -> str:
+    """The prose of a reply before its first fence, reasoning left out: what the model said it would do."""
+    text = strip_reasoning(reply or "").replace("\r\n", "\n")
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if _FENCE_LINE.match(line):
+            lines = lines[:index]
+            break
+    return "\n".join(lines).strip()
+
+
 def submission(output: str, returncode: int | None, marker: str = DEFAULT_SUBMIT_MARKER) -> str | None:
     """The submitted text when a command's output starts with the submit marker and it exited 0."""
     if returncode != 0:

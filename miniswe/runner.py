@@ -1,6 +1,7 @@
 """One run from config to finished trajectory: build the environment and model, set up, loop, evaluate, clean up.
 
-`miniswe run` and every task of `miniswe batch` go through `run_task`.
+`miniswe run` and every task of `miniswe batch` go through `run_task`, the one place where whatever
+escapes a run (a model or sandbox failure, a bug, a stop) becomes its outcome.
 """
 
 from __future__ import annotations
@@ -8,22 +9,23 @@ from __future__ import annotations
 import os
 import re
 import time
-import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from miniswe.agent import NO_TIMEOUT, Agent, Interrupt, Outcome, StepObserver, StopCheck
+from miniswe.agent import Agent, StepObserver
 from miniswe.config import Config
 from miniswe.environments import Environment, build_environment, check_environment
-from miniswe.errors import MinisweError, ModelError, SandboxError
+from miniswe.limits import NO_TIMEOUT
 from miniswe.models import Model, model_class
 from miniswe.models.gate import CallGate
-from miniswe.redaction import mask_env, mask_run_args
-from miniswe.status import AGENT_OUTCOMES, ExitStatus
-from miniswe.templates import Renderer
-from miniswe.trajectory import Trajectory
+from miniswe.redaction import masked_config, run_secrets
+from miniswe.signals import Stop
+from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
+from miniswe.templates import Renderer, prompt_variables
+from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory
+from miniswe.usage import Usage
 
 
 @dataclass
@@ -42,30 +44,18 @@ def default_trajectory_path(task: str, run_id: str) -> str:
     return os.path.join("trajectories", f"{run_id}-{slug}.traj.json")
 
 
-def redacted(config: Config) -> dict[str, Any]:
-    """The config as recorded: values of secret-looking variables and `-e NAME=value` arguments masked."""
-    data = config.to_dict()
-    data["environment"]["env"] = mask_env(data["environment"]["env"])
-    data["environment"]["run_args"] = mask_run_args(data["environment"]["run_args"])
-    return data
+def build_model(config: Config, **context: Any) -> Model:
+    """A model of `config.model.kind`; `context` holds what a run adds (gate, stop, on_retry)."""
+    return model_class(config.model.kind)(config.model, **context)
 
 
-def build_model(config: Config, gate: CallGate | None = None) -> Model:
-    cls = model_class(config.model.kind)
-    return cls(config.model, gate=gate)
-
-
-def check_ready(config: Config) -> Renderer:
-    """Fail on bad input before anything runs: templates, environment and model settings."""
+def check_ready(config: Config, task: str = "", instance: dict[str, Any] | None = None) -> Renderer:
+    """Fail on bad input before anything runs: templates (rendered once for `task`), environment and model settings."""
     renderer = Renderer(config.agent.templates_dir)
+    renderer.check_instance(task, instance or {}, prompt_variables(config, config.environment.cwd))
     check_environment(config.environment)
-    check_model(config)
+    build_model(config)  # the model refuses bad settings when built (no endpoint, no name, an unreadable script)
     return renderer
-
-
-def check_model(config: Config) -> None:
-    """The model refuses bad settings when built (no endpoint, no name, an unreadable script)."""
-    build_model(config)
 
 
 def run_task(
@@ -81,64 +71,72 @@ def run_task(
     renderer: Renderer | None = None,
     model: Model | None = None,
     gate: CallGate | None = None,
-    on_step: StepObserver | None = None,
-    should_stop: StopCheck | None = None,
+    stop: Stop | None = None,
+    observers: Sequence[StepObserver] = (),
+    notify: Callable[[str], None] = lambda message: None,
 ) -> RunResult:
     """Run one task; whatever happens, the trajectory on disk ends with an exit status."""
     run_id = run_id or new_run_id()
+    stop = stop or Stop()
+    secrets = run_secrets(config)
     trajectory = Trajectory(
-        trajectory_path, task=task, config=redacted(config), environment={"kind": config.environment.kind},
-        metadata={"run_id": run_id, **(metadata or {})},
+        trajectory_path, task=task, config=masked_config(config.to_dict()), environment={"kind": config.environment.kind},
+        metadata={"run_id": run_id, **(metadata or {})}, redact=secrets.scrub,
     )
     trajectory.save()
     env: Environment | None = None
     resolved = None
+
+    def on_retry(message: str) -> None:
+        trajectory.add_usage(Usage(retries=1))  # counted as it happens: a run stopped mid-wait keeps its count
+        notify(message)
+
     try:
-        env = build_environment(config.environment, run_id=run_id, hidden_env=[config.model.api_key_env])
-        trajectory.data["environment"] = env.describe()
-        outcome = _run_commands(env, setup, config, trajectory, "setup")
+        env = build_environment(config.environment, run_id=run_id, stop=stop,
+                                hidden_env=[getattr(config.model, "api_key_env", "")])
+        trajectory.describe(environment=env.describe())
+        outcome = _run_commands(env, setup, config, trajectory, stop, "setup")
         if outcome is None:
-            agent = Agent(config, model or build_model(config, gate), env, trajectory, renderer=renderer,
-                          on_step=on_step, should_stop=should_stop)
+            model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry)
+            agent = Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
+                          stop=stop, observers=observers, scrub=secrets.scrub, notify=notify)
             outcome = agent.run(task, instance)
-            if evaluate and outcome.status in AGENT_OUTCOMES:
-                resolved = _run_commands(env, evaluate, config, trajectory, "evaluation") is None
-                trajectory.data["resolved"] = resolved
-        else:
-            trajectory.finish(outcome.status, outcome.detail)
-    except (KeyboardInterrupt, Interrupt) as error:
-        outcome = Outcome(ExitStatus.INTERRUPTED, getattr(error, "signal_name", "SIGINT"))
-        trajectory.finish(outcome.status, outcome.detail)
-    except SandboxError as error:
-        outcome = Outcome(ExitStatus.SANDBOX_ERROR, str(error))
-        trajectory.finish(outcome.status, outcome.detail)
-    except MinisweError as error:
-        outcome = Outcome(ExitStatus.MODEL_ERROR if isinstance(error, ModelError) else ExitStatus.ERROR, str(error))
-        trajectory.finish(outcome.status, outcome.detail)
-    except Exception:
-        outcome = Outcome(ExitStatus.ERROR, traceback.format_exc())
-        trajectory.finish(outcome.status, outcome.detail)
+            if evaluate and is_agent_outcome(outcome.status):
+                failed = _run_commands(env, evaluate, config, trajectory, stop, "evaluation")
+                if failed is None or failed.status is ExitStatus.SETUP_ERROR:
+                    resolved = failed is None
+                    trajectory.set_resolved(resolved)
+                else:  # stopped mid-evaluation: no verdict, so the run counts as interrupted
+                    outcome = failed
+    except BaseException as error:
+        outcome = outcome_of(error, stop.outcome)
     finally:
         if env is not None:
             try:
                 env.close()
             except Exception as error:  # a failed cleanup must not hide the run's own outcome
-                trajectory.data.setdefault("warnings", []).append(f"environment cleanup failed: {error}")
-        trajectory.save()
+                trajectory.warn(f"environment cleanup failed: {error}")
+    trajectory.finish(outcome)
+    trajectory.save()
     return RunResult(outcome, trajectory, resolved)
 
 
-def _run_commands(env: Environment, commands: Sequence[str], config: Config, trajectory: Trajectory, key: str) -> Outcome | None:
+def _run_commands(env: Environment, commands: Sequence[str], config: Config, trajectory: Trajectory, stop: Stop,
+                  phase: str) -> Outcome | None:
     """Run setup or evaluation commands in order; the first failure is returned as a SetupError outcome."""
-    records = trajectory.data.setdefault(key, [])
     for command in commands:
-        result = env.execute(command, timeout=config.environment.timeout or NO_TIMEOUT)
-        tail = result.output[-2000:]
-        records.append({"command": command, "returncode": result.returncode, "timed_out": result.timed_out,
-                        "output": tail, "duration_s": round(result.duration_s, 4)})
+        if stop.outcome:
+            return stop.outcome
+        with stop.cancelling(env.interrupt):
+            result = env.execute(command, timeout=config.environment.timeout or NO_TIMEOUT)
+        tail = result.output[-COMMAND_TAIL:]
+        trajectory.record_command(phase, CommandRecord(command, result.returncode, result.timed_out, tail,
+                                                       round(result.duration_s, 4)))
         trajectory.save()
+        if result.interrupted:
+            return stop.outcome
         if result.returncode != 0:
             why = "timed out" if result.timed_out else f"exited {result.returncode}"
             last = tail.strip().splitlines()[-1:] or [""]
-            return Outcome(ExitStatus.SETUP_ERROR, f"{key} command {command!r} {why}: {last[0][:200]}")
+            return Outcome(ExitStatus.SETUP_ERROR, f"{phase} command {command!r} {why}: {last[0][:200]}")
     return None

@@ -1,5 +1,15 @@
-"""Exit statuses of a run, as written in trajectories, and the process exit codes they map to."""
+"""How a run ends: exit statuses, the Outcome record, turning an exception into an outcome, and exit codes.
 
+The one place that knows which statuses are the agent's own outcomes, which are infrastructure failures,
+which a resumed batch runs again, and which process exit code each maps to, for `run` and for `batch`.
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -20,12 +30,7 @@ class ExitStatus(str, Enum):
 
 # The agent decided how the run ended: a rerun would not be expected to go differently.
 AGENT_OUTCOMES = frozenset(
-    {
-        ExitStatus.SUBMITTED,
-        ExitStatus.LIMITS_EXCEEDED,
-        ExitStatus.TIME_EXCEEDED,
-        ExitStatus.REPEATED_FORMAT_ERROR,
-    }
+    {ExitStatus.SUBMITTED, ExitStatus.LIMITS_EXCEEDED, ExitStatus.TIME_EXCEEDED, ExitStatus.REPEATED_FORMAT_ERROR}
 )
 INFRA_FAILURES = frozenset(
     {ExitStatus.MODEL_ERROR, ExitStatus.SANDBOX_ERROR, ExitStatus.SETUP_ERROR, ExitStatus.ERROR}
@@ -35,16 +40,89 @@ EXIT_SUBMITTED = 0
 EXIT_NOT_SUBMITTED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFRA = 3
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
+
+# Signals that stop a run, by name; each exits 128 + its number, as a shell reports a death by that signal.
+STOP_SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}
 
 
-def exit_code(status: ExitStatus, signal_name: str | None = None) -> int:
+@dataclass(frozen=True)
+class Outcome:
+    status: ExitStatus
+    detail: str | None = None
+    submission: str | None = None
+
+
+def is_agent_outcome(status: str | ExitStatus | None) -> bool:
+    """The agent decided how the run ended; anything else ended without a verdict, and a resumed batch reruns it."""
+    return status in _AGENT_VALUES
+
+
+def is_infra_failure(status: str | ExitStatus | None) -> bool:
+    return status in _INFRA_VALUES
+
+
+# an Enum hashes by its name, not its value: hold both forms so a status read from JSON matches too
+_AGENT_VALUES = {str(s) for s in AGENT_OUTCOMES} | set(AGENT_OUTCOMES)
+_INFRA_VALUES = {str(s) for s in INFRA_FAILURES} | set(INFRA_FAILURES)
+
+
+def interrupted(signal_name: str) -> Outcome:
+    return Outcome(ExitStatus.INTERRUPTED, signal_name)
+
+
+def outcome_of(error: BaseException, stop: Outcome | None = None) -> Outcome:
+    """How a run ends when `error` escapes it; `stop` is the outcome a stop request asked for, if any.
+
+    An error raised while a stop was requested (a killed command's sandbox, a cancelled call) is a
+    consequence of the stop, so the stop's outcome wins and the error is kept in the detail.
+    """
+    from miniswe import errors
+
+    if isinstance(error, KeyboardInterrupt):
+        return stop or interrupted("SIGINT")
+    if isinstance(error, errors.DeadlineReached):
+        return Outcome(ExitStatus.TIME_EXCEEDED, str(error))
+    if isinstance(error, errors.Cancelled):
+        return stop or interrupted("SIGINT")
+    if isinstance(error, errors.ModelError):
+        own = Outcome(ExitStatus.MODEL_ERROR, str(error))
+    elif isinstance(error, errors.SandboxError):
+        own = Outcome(ExitStatus.SANDBOX_ERROR, str(error))
+    elif isinstance(error, errors.MinisweError):
+        own = Outcome(ExitStatus.ERROR, str(error))
+    elif isinstance(error, Exception):
+        own = Outcome(ExitStatus.ERROR, "".join(traceback.format_exception(error)))
+    else:
+        raise error  # SystemExit and the like are not a run's business
+    if stop is not None:
+        return Outcome(stop.status, f"{stop.detail} ({own.status}: {_last_line(own.detail)})")
+    return own
+
+
+def signal_exit_code(signal_name: str | None) -> int:
+    return 128 + int(STOP_SIGNALS.get(signal_name or "SIGINT", signal.SIGINT))
+
+
+def run_exit_code(outcome: Outcome) -> int:
     """Process exit code of `miniswe run` for a finished run."""
-    if status is ExitStatus.SUBMITTED:
+    if outcome.status is ExitStatus.SUBMITTED:
         return EXIT_SUBMITTED
-    if status is ExitStatus.INTERRUPTED:
-        return EXIT_SIGTERM if signal_name == "SIGTERM" else EXIT_SIGINT
-    if status in INFRA_FAILURES:
+    if outcome.status is ExitStatus.INTERRUPTED:
+        return signal_exit_code((outcome.detail or "").split(" ", 1)[0])
+    if outcome.status in INFRA_FAILURES:
         return EXIT_INFRA
     return EXIT_NOT_SUBMITTED
+
+
+def batch_exit_code(statuses: Iterable[str], *, signal_name: str | None, record_failures: int = 0) -> int:
+    """Process exit code of `miniswe batch`: a signal, then any infrastructure failure, else 0."""
+    if signal_name:
+        return signal_exit_code(signal_name)
+    if record_failures or any(is_infra_failure(status) for status in statuses):
+        return EXIT_INFRA
+    return EXIT_SUBMITTED
+
+
+def _last_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else ""

@@ -1,6 +1,7 @@
-"""Prompt rendering: one jinja2 environment over the user's templates dir, then the shipped templates/.
+"""Prompts: the Jinja2 templates, the variables each may use, and rendering them.
 
-Every template is checked when the renderer is built, so an unknown variable fails at start-up.
+One jinja2 environment searches the user's templates dir, then the shipped templates/. Every template is
+checked when the Renderer is built, so an unknown variable or a syntax error fails at start-up.
 """
 
 from __future__ import annotations
@@ -12,17 +13,34 @@ from typing import Any
 from miniswe.errors import ConfigError
 from miniswe.resources import templates_dir
 
+PROMPT_VARIABLES = ("action_tag", "submit_marker", "command_timeout", "output_limit", "cwd", "system", "release", "machine", "shell")
 VARIABLES = {
-    "system.j2": {"action_tag", "submit_marker", "command_timeout", "output_limit", "cwd", "system", "release", "machine", "shell"},
-    "instance.j2": {"task", "instance", "action_tag", "submit_marker", "command_timeout", "output_limit", "cwd", "system", "release", "machine", "shell"},
+    "system.j2": set(PROMPT_VARIABLES),
+    "instance.j2": {"task", "instance", *PROMPT_VARIABLES},
     "observation.j2": {"output", "returncode", "timed_out", "command_timeout", "elided_chars", "output_chars", "duration_s"},
     "format_error.j2": {"reason", "error", "action_tag", "submit_marker", "errors_left"},
 }
 
 
-def system_info() -> dict[str, str]:
+def prompt_variables(config: Any, cwd: str) -> dict[str, Any]:
+    """What the system and instance prompts may say about the run: its protocol, limits and machine."""
     uname = platform.uname()
-    return {"system": uname.system, "release": uname.release, "machine": uname.machine, "shell": "bash"}
+    return {
+        "action_tag": config.protocol.action_tags[0],
+        "submit_marker": config.protocol.submit_marker,
+        "command_timeout": number(config.environment.timeout),
+        "output_limit": config.agent.output_limit,
+        "cwd": cwd,
+        "system": uname.system,
+        "release": uname.release,
+        "machine": uname.machine,
+        "shell": "bash",
+    }
+
+
+def number(value: float) -> int | float:
+    """A number as a person writes it: 60, not 60.0."""
+    return int(value) if float(value).is_integer() else value
 
 
 class Renderer:
@@ -49,6 +67,8 @@ class Renderer:
                 raise ConfigError(f"template {name} not found in {' or '.join(search)}") from None
             except jinja2.TemplateSyntaxError as error:
                 raise ConfigError(f"{error.filename or name}:{error.lineno}: template syntax error: {error.message}") from None
+            except UnicodeDecodeError:
+                raise ConfigError(f"template {name} in {' or '.join(search)} is not UTF-8 text; save it as UTF-8") from None
             unknown = sorted(used - allowed)
             if unknown:
                 raise ConfigError(
@@ -56,4 +76,13 @@ class Renderer:
                 )
 
     def render(self, name: str, **variables: Any) -> str:
-        return self._templates[name].render(**variables).strip("\n")
+        import jinja2
+
+        try:
+            return self._templates[name].render(**variables).strip("\n")
+        except jinja2.TemplateError as error:
+            raise ConfigError(f"template {name}: {error}; fix the template (see the variables it may use)") from None
+
+    def check_instance(self, task: str, instance: dict[str, Any], variables: dict[str, Any]) -> None:
+        """Render the instance prompt once now, so a field a task lacks fails before anything runs."""
+        self.render("instance.j2", task=task, instance=instance, **variables)

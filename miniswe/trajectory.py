@@ -1,100 +1,350 @@
-"""The trajectory file: one JSON document per run, rewritten atomically after every step.
+"""The run record: a Trajectory of Messages and Steps, its only write API, and `load`, which upgrades old files.
 
-Each message and step is serialised once, when it is added, and the file is swapped in by an atomic
-exchange of names (miniswe.atomic.SwapFile), so saving step 300 costs little more than saving step 3. `load` validates the format and upgrades older versions in order.
+One JSON document per run, rewritten atomically after every step. Each message and step is encoded once,
+when it is added (and passed through the run's redaction then), so saving step 300 costs little more
+than saving step 3. Nothing else writes a trajectory file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from miniswe import __version__
 from miniswe.atomic import SwapFile
-from miniswe.errors import TrajectoryError
+from miniswe.errors import RecordError, TrajectoryError
+from miniswe.status import ExitStatus, Outcome
+from miniswe.usage import Usage
 
 FORMAT = "miniswe-trajectory"
-VERSION = 1
-# UPGRADES[n] turns a version-n document into version n+1.
-UPGRADES: dict[int, Any] = {}
-
-USAGE_KEYS = ("model_calls", "retries", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "cost")
+VERSION = 2
+# A setup or eval command's output is kept as its tail: enough to see why it failed.
+COMMAND_TAIL = 2000
 
 
-def _now() -> str:
+def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
 
 
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+    timestamp: str
+    step: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"role": self.role, "content": self.content, "timestamp": self.timestamp}
+        if self.step is not None:
+            data["step"] = self.step
+        return data
+
+
+@dataclass(frozen=True)
+class Step:
+    """One model call and what came of it: a command run, or a format error."""
+
+    step: int  # from 1
+    thought: str = ""  # the prose before the action block, reasoning left out
+    command: str | None = None  # None for a format error
+    format_error: str | None = None
+    returncode: int | None = None  # None when killed (timeout, stop, dead sandbox)
+    timed_out: bool = False
+    output: str = ""  # as kept: whole, or head + elision notice + tail
+    output_chars: int = 0  # size of the whole output
+    elided_chars: int = 0  # how much of output_chars the trajectory did not keep (the capture bound)
+    duration_s: float = 0.0
+    aborted: str | None = None  # SIGINT, SIGTERM, SIGHUP, SandboxError: the command was cut short
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=lambda: Usage(model_calls=1))  # this call's tokens and cost
+    latency_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in _STEP_FIELDS}
+        usage = self.usage
+        data["usage"] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                         "total_tokens": usage.total_tokens, "cached_tokens": usage.cached_tokens, "cost": usage.cost}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Step:
+        known = {name: data[name] for name in _STEP_FIELDS if name in data}
+        usage = Usage.from_dict(data.get("usage"))
+        usage.model_calls = 1  # a step is one call, so its record leaves the count out
+        return cls(**known, usage=usage)
+
+
+_STEP_FIELDS = tuple(f.name for f in fields(Step) if f.name != "usage")
+
+
+@dataclass(frozen=True)
+class CommandRecord:
+    """A setup or evaluation command: its return code and the tail of its output."""
+
+    command: str
+    returncode: int | None
+    timed_out: bool
+    output: str
+    duration_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ("command", "returncode", "timed_out", "output", "duration_s")}
+
+
 class Trajectory:
-    def __init__(self, path: str, *, task: str, config: dict[str, Any], environment: dict[str, Any], metadata: dict[str, Any] | None = None):
+    """A run's record. The agent and the runner write it through these methods only; `save` puts it on disk."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        task: str,
+        config: dict[str, Any],
+        environment: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        redact: Callable[[str], str] | None = None,
+    ):
         self.path = path
-        self.data: dict[str, Any] = {
+        self.task = task
+        self.config = config
+        self.environment = environment or {}
+        self.model: dict[str, Any] = {}
+        self.metadata = metadata or {}
+        self.messages: list[Message] = []
+        self.steps: list[Step] = []
+        self.usage = Usage()
+        self.outcome: Outcome | None = None
+        self.started = now_iso()
+        self.ended: str | None = None
+        self.wall_s: float | None = None
+        self.setup: list[CommandRecord] = []
+        self.evaluation: list[CommandRecord] = []
+        self.resolved: bool | None = None
+        self.warnings: list[str] = []
+        self.extra: dict[str, Any] = {}  # top-level keys this version does not know, kept as they were
+        self._redact = redact or (lambda text: text)
+        self._messages_json: list[bytes] = []
+        self._steps_json: list[bytes] = []
+        self._clock = time.monotonic()
+        self._wall_before = 0.0  # wall time of the sessions before this one (a resumed run)
+        self._file = SwapFile(path)
+
+    # -- the write API -------------------------------------------------------------------------------------
+    def add_message(self, role: str, content: str, step: int | None = None) -> Message:
+        message = Message(role, content, now_iso(), step)
+        self._append_message(message)
+        return message
+
+    def _append_message(self, message: Message) -> None:
+        self.messages.append(message)
+        self._messages_json.append(self._encode(message.to_dict()))
+
+    def record_step(self, step: Step) -> None:
+        self.steps.append(step)
+        self._steps_json.append(self._encode(step.to_dict()))
+
+    def add_usage(self, usage: Usage) -> None:
+        self.usage.add(usage)
+
+    def describe(self, *, environment: dict[str, Any] | None = None, model: dict[str, Any] | None = None) -> None:
+        if environment is not None:
+            self.environment = environment
+        if model is not None:
+            self.model = model
+
+    def record_command(self, phase: str, record: CommandRecord) -> None:
+        {"setup": self.setup, "evaluation": self.evaluation}[phase].append(record)
+
+    def set_resolved(self, resolved: bool) -> None:
+        self.resolved = resolved
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def finish(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+        self.ended = now_iso()
+        self.wall_s = round(self.wall_s_so_far(), 3)
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    @property
+    def exit_status(self) -> str | None:
+        return str(self.outcome.status) if self.outcome else None
+
+    def wall_s_so_far(self) -> float:
+        return self._wall_before + time.monotonic() - self._clock
+
+    def header(self) -> dict[str, Any]:
+        """Every top-level key but the messages and steps."""
+        outcome = self.outcome
+        data: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "miniswe_version": __version__,
-            "task": task,
-            "exit_status": None,
-            "exit_detail": None,
-            "submission": None,
-            "usage": dict.fromkeys(USAGE_KEYS, 0) | {"cost": 0.0},
-            "timing": {"started": _now(), "ended": None, "wall_s": None},
-            "config": config,
-            "environment": environment,
-            "model": {},
-            "metadata": metadata or {},
+            "task": self.task,
+            "exit_status": str(outcome.status) if outcome else None,
+            "exit_detail": outcome.detail if outcome else None,
+            "submission": outcome.submission if outcome else None,
+            "usage": self.usage.to_dict(),
+            "timing": {"started": self.started, "ended": self.ended, "wall_s": self.wall_s},
+            "config": self.config,
+            "environment": self.environment,
+            "model": self.model,
+            "metadata": self.metadata,
         }
-        self.messages: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
-        self._messages_json: list[bytes] = []  # encoded once, joined at every save
-        self._steps_json: list[bytes] = []
-        self._started = time.monotonic()
-        self._file = SwapFile(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as error:
-            raise TrajectoryError(f"cannot create {directory} for the trajectory: {error.strerror}") from None
+        if self.setup:
+            data["setup"] = [r.to_dict() for r in self.setup]
+        if self.evaluation:
+            data["evaluation"] = [r.to_dict() for r in self.evaluation]
+        if self.resolved is not None:
+            data["resolved"] = self.resolved
+        if self.warnings:
+            data["warnings"] = list(self.warnings)
+        return {**self.extra, **data}
 
-    def add_message(self, role: str, content: str, **extras: Any) -> None:
-        message = {"role": role, "content": content, "timestamp": _now(), **{k: v for k, v in extras.items() if v is not None}}
-        self.messages.append(message)
-        self._messages_json.append(json.dumps(message, ensure_ascii=False).encode())
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.header(), "messages": [m.to_dict() for m in self.messages], "steps": [s.to_dict() for s in self.steps]}
 
-    def add_step(self, step: dict[str, Any]) -> None:
-        self.steps.append(step)
-        self._steps_json.append(json.dumps(step, ensure_ascii=False).encode())
-
-    def finish(self, status: str, detail: str | None = None, submission: str | None = None) -> None:
-        self.data.update(exit_status=str(status), exit_detail=detail, submission=submission)
-        self.data["timing"].update(ended=_now(), wall_s=round(time.monotonic() - self._started, 3))
-
+    # -- saving ----------------------------------------------------------------------------------------------
     def save(self) -> None:
         """Replace the file with the whole document, atomically: never half a file on disk."""
-        head = json.dumps(self.data, ensure_ascii=False)[:-1].encode()
-        self._file.write(b"".join(
-            (head, b', "messages": [', b",\n".join(self._messages_json), b'], "steps": [', b",\n".join(self._steps_json), b"]}\n")
-        ))
+        head = self._encode(self.header())[:-1]
+        document = b"".join((head, b', "messages": [', b",\n".join(self._messages_json),
+                             b'], "steps": [', b",\n".join(self._steps_json), b"]}\n"))
+        try:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            if not os.path.isdir(directory):
+                os.makedirs(directory, exist_ok=True)
+            self._file.write(document)
+        except OSError as error:
+            raise RecordError(f"cannot save the trajectory {self.path}: {error.strerror or error}; "
+                              "free some space or make its folder writable") from None
+
+    def _encode(self, data: dict[str, Any]) -> bytes:
+        return self._redact(json.dumps(data, ensure_ascii=False)).encode()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], path: str, *, redact: Callable[[str], str] | None = None) -> Trajectory:
+        """A trajectory of the current version, as recorded (see `load` for reading and upgrading a file)."""
+        trajectory = cls(path, task=data.get("task") or "", config=data.get("config") or {},
+                         environment=data.get("environment") or {}, metadata=data.get("metadata") or {}, redact=redact)
+        trajectory.model = data.get("model") or {}
+        for message in data.get("messages") or []:
+            trajectory._append_message(Message(message.get("role", ""), message.get("content") or "",
+                                               message.get("timestamp", ""), message.get("step")))
+        for step in data.get("steps") or []:
+            trajectory.record_step(Step.from_dict(step))
+        trajectory.usage = Usage.from_dict(data.get("usage"))
+        if data.get("exit_status"):
+            try:
+                status = ExitStatus(data["exit_status"])
+            except ValueError:
+                raise TrajectoryError(f"{path}: unknown exit_status {data['exit_status']!r}") from None
+            trajectory.outcome = Outcome(status, data.get("exit_detail"), data.get("submission"))
+        timing = data.get("timing") or {}
+        trajectory.started = timing.get("started") or trajectory.started
+        trajectory.ended = timing.get("ended")
+        trajectory.wall_s = timing.get("wall_s")
+        trajectory._wall_before = float(timing.get("wall_s") or 0.0)
+        for phase in ("setup", "evaluation"):
+            for record in data.get(phase) or []:
+                trajectory.record_command(phase, CommandRecord(**{k: record.get(k) for k in
+                                                                 ("command", "returncode", "timed_out", "output", "duration_s")}))
+        trajectory.resolved = data.get("resolved")
+        trajectory.warnings = list(data.get("warnings") or [])
+        known = set(trajectory.header()) | {"messages", "steps", "setup", "evaluation", "resolved", "warnings"}
+        trajectory.extra = {k: v for k, v in data.items() if k not in known}
+        return trajectory
 
 
-def load(path: str) -> dict[str, Any]:
-    """Read a trajectory, validating its format and upgrading an older version to the current one."""
+def read_document(path: str) -> Any:
+    """The parsed JSON of a trajectory file, with one-line errors."""
     try:
         with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
+            return json.load(handle)
     except OSError as error:
         raise TrajectoryError(f"{path}: cannot read trajectory: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise TrajectoryError(f"{path}: not UTF-8 text; is it a trajectory file?") from None
     except ValueError as error:
         raise TrajectoryError(f"{path}: not valid JSON ({error}); is it a trajectory file?") from None
+
+
+def upgrade(data: Any, path: str) -> dict[str, Any]:
+    """A miniswe trajectory document brought to the current version; TrajectoryError for anything else."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("trajectory_format") if isinstance(data, dict) else type(data).__name__
-        raise TrajectoryError(f"{path}: not a miniswe trajectory (found format {found!r})")
+        if isinstance(data, dict):
+            found = f"trajectory_format {data['trajectory_format']!r}" if "trajectory_format" in data else (
+                f"format {data.get('format')!r}" if "format" in data else "a mapping without `format`")
+        else:
+            found = f"a JSON {type(data).__name__}"
+        raise TrajectoryError(f"{path}: not a miniswe trajectory (found {found})")
     version = data.get("version")
-    if not isinstance(version, int) or version < 1:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise TrajectoryError(f"{path}: bad trajectory version {version!r}")
     if version > VERSION:
         raise TrajectoryError(f"{path} was written by a newer miniswe (format {version} > {VERSION}); upgrade miniswe")
     while data["version"] < VERSION:
         data = UPGRADES[data["version"]](data)
     return data
+
+
+def load(path: str, *, redact: Callable[[str], str] | None = None) -> Trajectory:
+    """Read a trajectory, validating its format and upgrading an older version to the current one."""
+    return Trajectory.from_dict(upgrade(read_document(path), path), path, redact=redact)
+
+
+def close_unfinished(path: str, outcome: Outcome) -> Trajectory | None:
+    """Give a trajectory its run could not finish (its worker is stuck or gone) an exit status; None if unreadable."""
+    try:
+        trajectory = load(path)
+    except TrajectoryError:
+        return None
+    if trajectory.outcome is None:
+        trajectory.finish(outcome)
+        trajectory.save()
+    return trajectory
+
+
+# -- upgrades: UPGRADES[n] turns a version-n document into version n+1 ---------------------------------------
+
+_ELIDED = re.compile(r"\[\.\.\. (\d+) bytes of output elided by miniswe \.\.\.\]")
+# Version 1 recorded every kind's settings in one flat section; these belong to one kind only.
+_V1_KIND_KEYS = {
+    ("environment", "docker"): ("image", "forward_env", "run_args", "executable", "pull", "start_timeout", "container_lifetime"),
+    ("model", "openai"): ("base_url", "api_key_env", "temperature", "params", "retries", "timeout", "connect_timeout",
+                          "max_backoff", "prices"),
+    ("model", "scripted"): ("script",),
+}
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 moved each call's reasoning, finish_reason, usage and latency from its assistant message to its
+    step, added each step's thought and elided_chars, and keeps only the chosen kind's settings in the config."""
+    from miniswe.protocol import thought_of
+
+    replies = {m.get("step"): m for m in data.get("messages") or [] if m.get("role") == "assistant"}
+    steps = []
+    for step in data.get("steps") or []:
+        reply = replies.get(step.get("step"), {})
+        elided = _ELIDED.search(step.get("output") or "")
+        steps.append({**step, "thought": thought_of(reply.get("content") or ""), "elided_chars": int(elided[1]) if elided else 0,
+                      "reasoning": reply.get("reasoning"), "finish_reason": reply.get("finish_reason"),
+                      "usage": reply.get("usage") or {}, "latency_s": reply.get("latency_s") or 0.0})
+    messages = [{k: m[k] for k in ("role", "content", "timestamp", "step") if k in m} for m in data.get("messages") or []]
+    config = {section: dict(values) if isinstance(values, dict) else values for section, values in (data.get("config") or {}).items()}
+    for (section, kind), keys in _V1_KIND_KEYS.items():
+        values = config.get(section)
+        if isinstance(values, dict) and values.get("kind") != kind:
+            for key in keys:
+                values.pop(key, None)
+    return {**data, "version": 2, "messages": messages, "steps": steps, "config": config}
+
+
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}

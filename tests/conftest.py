@@ -11,17 +11,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from openai_server import ScriptedServer  # noqa: E402
+from replies import SUBMIT, F, act  # noqa: E402,F401  (the tests import these from here)
 
 ROOT = Path(__file__).resolve().parent.parent
-F = "```"
-
-
-def act(command: str, thought: str = "THOUGHT: next.") -> str:
-    """A well-formed model reply running `command`."""
-    return f"{thought}\n\n{F}bash\n{command}\n{F}\n"
-
-
-SUBMIT = act("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && printf 'the patch'")
 
 
 @pytest.fixture

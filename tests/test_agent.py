@@ -8,14 +8,7 @@ from miniswe.config import load_config
 from miniswe.runner import run_task
 from miniswe.status import ExitStatus
 
-F = "```"
-
-
-def act(command: str, thought: str = "THOUGHT: next.") -> str:
-    return f"{thought}\n\n{F}bash\n{command}\n{F}\n"
-
-
-SUBMIT = act("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && printf 'the patch'")
+from replies import SUBMIT, F, act
 
 
 def run(tmp_path, replies, *overrides, **kwargs):
@@ -33,11 +26,15 @@ def test_submitted_with_submission_and_full_record(tmp_path):
     assert data["exit_status"] == "Submitted" and data["submission"] == "the patch"
     assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "user", "assistant", "user"]
     first = data["steps"][0]
-    assert first == {"step": 1, "command": "echo hello > f.txt && cat f.txt", "format_error": None, "returncode": 0,
-                     "timed_out": False, "output": "hello\n", "output_chars": 6, "duration_s": first["duration_s"]}
+    assert first == {"step": 1, "thought": "THOUGHT: next.", "command": "echo hello > f.txt && cat f.txt",
+                     "format_error": None, "returncode": 0, "timed_out": False, "output": "hello\n", "output_chars": 6,
+                     "elided_chars": 0, "duration_s": first["duration_s"], "aborted": None, "reasoning": None,
+                     "finish_reason": "stop", "usage": first["usage"], "latency_s": first["latency_s"]}
+    assert first["usage"]["total_tokens"] > 0
     assert "<returncode>0</returncode>" in data["messages"][3]["content"] and "hello" in data["messages"][3]["content"]
-    assert data["usage"]["model_calls"] == 2 and data["usage"]["total_tokens"] > 0
-    assert data["messages"][2]["step"] == 1 and "usage" in data["messages"][2]
+    assert data["usage"]["model_calls"] == 2 and data["usage"]["total_tokens"] == sum(s["usage"]["total_tokens"] for s in data["steps"])
+    assert data["messages"][2] == {"role": "assistant", "content": act("echo hello > f.txt && cat f.txt"), "step": 1,
+                                   "timestamp": data["messages"][2]["timestamp"]}
     assert (tmp_path / "f.txt").exists()
 
 
@@ -117,10 +114,10 @@ def test_sandbox_error_when_the_environment_cannot_start(tmp_path):
 
 
 def test_unexpected_error_keeps_its_traceback(tmp_path):
-    def explode(step, reply):
+    def explode(step):
         raise RuntimeError("observer bug")
 
-    result, data = run(tmp_path, [act("true"), SUBMIT], on_step=explode)
+    result, data = run(tmp_path, [act("true"), SUBMIT], observers=[explode])
     assert data["exit_status"] == "Error" and "RuntimeError: observer bug" in data["exit_detail"]
     assert "Traceback" in data["exit_detail"]
 
@@ -139,7 +136,7 @@ def test_output_view_is_bounded_but_trajectory_keeps_more(tmp_path):
 def test_reasoning_is_kept_not_sent_back(tmp_path):
     replies = [{"content": "<think>hidden plan</think>THOUGHT: go\n" + f"{F}bash\ntrue\n{F}", "reasoning": "chain"}, SUBMIT]
     result, data = run(tmp_path, replies)
-    assert data["messages"][2]["reasoning"] == "chain"
+    assert data["steps"][0]["reasoning"] == "chain" and data["steps"][0]["thought"] == "THOUGHT: go"
     assert "<think>hidden plan</think>" in data["messages"][2]["content"]
     assert data["exit_status"] == "Submitted"
 

@@ -4,15 +4,14 @@ import json
 
 import pytest
 
-from miniswe.batch.ledger import Ledger, read_records
+from miniswe.batch.ledger import Ledger, LedgerRecord, read_records
 from miniswe.batch.report import build_report, render_markdown
 from miniswe.batch.rundir import predictions
 
 
 def record(task_id, status, *, resolved=None, has_eval=True, steps=1, tokens=0, cost=0.0, wall_s=0.0, submission=None, detail=None):
-    return {"id": task_id, "exit_status": status, "exit_detail": detail, "resolved": resolved, "has_eval": has_eval,
-            "steps": steps, "tokens": tokens, "cost": cost, "wall_s": wall_s, "trajectory": f"{task_id}/{task_id}.traj.json",
-            "submission": submission, "model": "m"}
+    return LedgerRecord(task_id, status, detail, resolved=resolved, has_eval=has_eval, steps=steps, tokens=tokens, cost=cost,
+                        wall_s=wall_s, trajectory=f"{task_id}/{task_id}.traj.json", submission=submission, model="m")
 
 
 KNOWN = [
@@ -25,7 +24,7 @@ KNOWN = [
 
 
 def write_ledger(path, records, tail=""):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records) + tail)
 
 
 def test_report_numbers_from_a_known_ledger(tmp_path):
@@ -73,7 +72,7 @@ def test_a_torn_last_line_is_dropped_and_cut_off_before_appending(tmp_path):
 
 def test_a_whole_record_without_its_newline_is_kept(tmp_path):
     path = tmp_path / "results.jsonl"
-    write_ledger(path, KNOWN[:1], tail=json.dumps(KNOWN[1]))
+    write_ledger(path, KNOWN[:1], tail=json.dumps(KNOWN[1].to_dict()))
     ledger = Ledger(str(tmp_path))
     ledger.append(KNOWN[2])
     assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ["a", "b", "c"]
@@ -81,7 +80,7 @@ def test_a_whole_record_without_its_newline_is_kept(tmp_path):
 
 def test_garbage_in_the_middle_is_skipped_with_a_warning(tmp_path):
     path = tmp_path / "results.jsonl"
-    path.write_text(json.dumps(KNOWN[0]) + "\nnot json\n" + json.dumps(KNOWN[1]) + "\n")
+    path.write_text(json.dumps(KNOWN[0].to_dict()) + "\nnot json\n" + json.dumps(KNOWN[1].to_dict()) + "\n")
     warnings = []
     assert list(read_records(str(path), warn=warnings.append)) == ["a", "b"]
     assert warnings == [f"{path}: line 2 is not a task record; ignored"]

@@ -17,6 +17,10 @@ from miniswe.config import load_config
 from miniswe.errors import UsageError
 from miniswe.trajectory import load
 
+
+def recorded(path: str) -> dict:
+    return load(path).to_dict()
+
 # Every task gets the same reply; a counter in the task's workspace makes it submit at step $STEPS,
 # so the replies of a shared server can interleave between workers in any order.
 COUNTER = act(
@@ -76,7 +80,7 @@ def test_many_tasks_on_several_workers(tmp_path, counting_server):
     for task_id, record in records.items():
         assert record["exit_status"] == "Submitted" and record["steps"] == steps[task_id]
         assert record["submission"] == f"patch of {task_id}\n" and record["resolved"] is None
-        data = load(str(run / record["trajectory"]))
+        data = recorded(str(run / record["trajectory"]))
         assert data["exit_status"] == "Submitted" and data["metadata"]["task_id"] == task_id
         assert data["environment"]["cwd"] == str(run / task_id / "workspace")
     assert len(counting_server.requests) == sum(steps.values())
@@ -89,16 +93,25 @@ def test_many_tasks_on_several_workers(tmp_path, counting_server):
     assert result.log.count(" Submitted ") == 12 and "[12/12]" in result.log
 
 
-def test_failing_tasks_are_recorded_and_the_batch_goes_on_then_rerun_retries_only_them(tmp_path, counting_server):
-    broken_templates = tmp_path / "templates"
-    broken_templates.mkdir()
-    (broken_templates / "instance.j2").write_text("{{ task }} {{ instance.no_such_field.value }}\n")
+BROKEN_PLUGIN = """
+from miniswe.environments.local import LocalEnvironment
+
+
+class BrokenEnvironment(LocalEnvironment):
+    def execute(self, command, *, timeout):
+        raise RuntimeError("a bug in this environment plugin: no_such_field")
+"""
+
+
+def test_failing_tasks_are_recorded_and_the_batch_goes_on_then_rerun_retries_only_them(tmp_path, counting_server, monkeypatch):
+    (tmp_path / "broken_plugin.py").write_text(BROKEN_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
     with ScriptedServer(default={"status": 500}) as failing:
         tasks = write_tasks(tmp_path / "tasks.yaml", [
             task("ok-1"), task("ok-2", 2),
             task("setup-fails", setup=["echo preparing", "echo broken >&2; exit 3"]),
             task("model-500", config={"model": {"base_url": failing.base_url}}),
-            task("raises", config={"agent": {"templates_dir": "templates"}}),
+            task("raises", env={"kind": "broken_plugin:BrokenEnvironment"}),
             task("eval-fails", eval="exit 1"),
             task("eval-passes", eval=["test -f .n", "grep -q 3 .n"]),
         ])
@@ -121,7 +134,8 @@ def test_failing_tasks_are_recorded_and_the_batch_goes_on_then_rerun_retries_onl
         served = len(counting_server.requests)
         again = batch(counting_server, tasks, tmp_path / "run", workers=3)
         assert again.exit_code == 3 and (again.ran, again.kept) == (3, 4)
-        assert len(counting_server.requests) == served and len(failing.requests) == 6
+        # only the rerun failures call the model again: "raises" gets as far as its first command
+        assert len(counting_server.requests) == served + 1 and len(failing.requests) == 6
         records = by_id(tmp_path / "run")
         assert {i for i, r in records.items() if r["attempt"] == 2} == {"setup-fails", "model-500", "raises"}
         assert (tmp_path / "run" / "raises" / "raises.attempt1.traj.json").exists()
@@ -130,7 +144,7 @@ def test_failing_tasks_are_recorded_and_the_batch_goes_on_then_rerun_retries_onl
 
         # --redo failed also reruns the agent's own failure (submitted, not resolved), in a fresh workspace
         redo = batch(counting_server, tasks, tmp_path / "run", workers=3, redo="failed")
-        assert redo.ran == 4 and len(counting_server.requests) == served + 3
+        assert redo.ran == 4 and len(counting_server.requests) == served + 1 + 4
         assert by_id(tmp_path / "run")["eval-fails"]["steps"] == 3
 
 
@@ -193,7 +207,7 @@ def test_swebench_instances_run_as_they_are_and_give_predictions_by_instance_id(
     assert sorted(p.split("</task>")[0].split("<task>")[1].strip() for p in prompts) == ["Bug number 0", "Bug number 1", "Bug number 2"]
     preds = json.loads((tmp_path / "run" / "preds.json").read_text())
     assert preds["org__repo-1"] == {"instance_id": "org__repo-1", "model_name_or_path": "test-model", "model_patch": "patch of org__repo-1\n"}
-    meta = load(str(tmp_path / "run" / "org__repo-1" / "org__repo-1.traj.json"))["metadata"]
+    meta = recorded(str(tmp_path / "run" / "org__repo-1" / "org__repo-1.traj.json"))["metadata"]
     assert meta["swebench"] == {"repo": "org/repo", "base_commit": "abc"}
 
 
@@ -295,7 +309,7 @@ def test_a_429_pauses_every_worker_together(tmp_path):
         assert len(server.requests) == 4 * 12 + 1
         records = by_id(run)
         assert {r["exit_status"] for r in records.values()} == {"Submitted"}
-        retries = [load(str(run / r["trajectory"]))["usage"]["retries"] for r in records.values()]
+        retries = [recorded(str(run / r["trajectory"]))["usage"]["retries"] for r in records.values()]
         assert sorted(retries) == [0, 0, 0, 1]
 
 
@@ -313,7 +327,7 @@ def test_sigterm_once_stops_gracefully_and_a_rerun_finishes(tmp_path):
         assert "Interrupted" in {r["exit_status"] for r in records.values()}
         assert len(records) < 8
         for record in records.values():
-            data = load(str(run / record["trajectory"]))
+            data = recorded(str(run / record["trajectory"]))
             assert data["exit_status"] == record["exit_status"]
             if record["exit_status"] == "Interrupted":
                 assert data["exit_detail"] == "SIGTERM"
@@ -343,7 +357,7 @@ def test_sigint_twice_stops_at_once_and_kills_running_commands(tmp_path):
         records = by_id(run)
         assert len(records) == 2 and {r["exit_status"] for r in records.values()} == {"Interrupted"}
         for record in records.values():
-            assert load(str(run / record["trajectory"]))["exit_status"] == "Interrupted"
+            assert recorded(str(run / record["trajectory"]))["exit_status"] == "Interrupted"
         for pid_file in run.glob("*/workspace/pid"):
             pid = int(pid_file.read_text())
             with pytest.raises(ProcessLookupError):
@@ -425,13 +439,14 @@ def test_a_pause_holds_back_callers_already_queued_for_a_slot():
     import threading
 
     from miniswe.models.gate import CallGate
+    from miniswe.signals import Stop
 
-    gate = CallGate(1)
+    gate, stop = CallGate(1), Stop()
     started: list[float] = []
     t0 = time.monotonic()
 
     def call(pause: float = 0.0):
-        with gate.slot():
+        with gate.slot(stop):
             started.append(time.monotonic() - t0)
             if pause:
                 time.sleep(0.1)

@@ -82,7 +82,7 @@ def test_swebench_image_template_and_cwd(tmp_path):
 def test_local_tasks_get_their_own_workspace_and_paths_resolve_next_to_the_task_file(tmp_path):
     os.makedirs(tmp_path / "tasks")
     path = write(tmp_path, "tasks/t.yaml", """
-- {id: a, task: x, config: {model: {script: replies/a.yaml}, agent.step_limit: 3}}
+- {id: a, task: x, config: {model: {kind: scripted, script: replies/a.yaml}, agent.step_limit: 3}}
 - {id: b, task: y, cwd: repo, env: {timeout: 9}}
 """)
     task_file = load_tasks(path)
@@ -96,7 +96,7 @@ def test_local_tasks_get_their_own_workspace_and_paths_resolve_next_to_the_task_
 
 @pytest.mark.parametrize(("entry", "message"), [
     ("{id: a, task: x, config: {agent: {step_limt: 3}}}", "line 1 (id a): agent.step_limt: unknown key (did you mean 'step_limit'?)"),
-    ("{id: a, task: x, env: {imag: x}}", "environment.imag: unknown key (did you mean 'image'?)"),
+    ("{id: a, task: x, env: {imag: x}}", "environment.imag: unknown key for kind 'local' (did you mean 'image'? image is a docker setting"),
     ("{id: a, task: x, env: {PYTHONPATH: src}}", "variables go under `env: {env: {PYTHONPATH: ...}}`"),
     ("{id: a, task: x, config: {agent: 3}}", "config.agent: expected a section mapping"),
     ("{id: a, task: x, config: {agent.step_limit: -1}}", "agent.step_limit: must be 0 or more"),

@@ -23,8 +23,9 @@ def test_submitted_run_exits_0_and_shows_each_step(cli, server, tmp_path):
     server.push(act("echo hello-from-step-one", "THOUGHT: say hello"), SUBMIT)
     result = cli("run", "Say hello", *endpoint(server), "-o", "t.json")
     assert result.returncode == 0, result.stderr
-    assert "say hello" in result.stdout and "hello-from-step-one" in result.stdout and "rc=0" in result.stdout
-    final = result.stdout.strip().splitlines()[-1]
+    # the steps are progress (stderr); the final line is the run's data (stdout)
+    assert "say hello" in result.stderr and "hello-from-step-one" in result.stderr and "rc=0" in result.stderr
+    final, = result.stdout.strip().splitlines()
     assert final.startswith("Submitted · 2 steps") and final.endswith("t.json")
     data = traj(tmp_path)
     assert data["exit_status"] == "Submitted" and data["submission"] == "the patch"
@@ -127,7 +128,7 @@ def test_unreachable_endpoint_is_one_line_exit_3(cli, tmp_path):
 def test_reasoning_content_is_recorded(cli, server, tmp_path):
     server.push({"content": SUBMIT, "reasoning_content": "let me think"})
     cli("run", "x", *endpoint(server), "-o", "t.json")
-    assert traj(tmp_path)["messages"][2]["reasoning"] == "let me think"
+    assert traj(tmp_path)["steps"][0]["reasoning"] == "let me think"
     assert all("reasoning" not in m for m in server.requests[0]["body"]["messages"])
 
 

@@ -8,6 +8,10 @@ from openai_server import ScriptedServer
 
 from miniswe.trajectory import load
 
+
+def recorded(path: str) -> dict:
+    return load(path).to_dict()
+
 DEMO = ROOT / "config" / "demo"
 TASKS = yaml.safe_load((DEMO / "tasks.yaml").read_text())
 
@@ -20,7 +24,7 @@ def check_run(run_dir, model_name):
         assert record["exit_status"] == "Submitted" and record["resolved"] is True, record
         assert preds[record["id"]]["model_patch"].startswith("diff --git a/")
         assert preds[record["id"]]["model_name_or_path"] == model_name
-        data = load(str(run_dir / record["trajectory"]))
+        data = recorded(str(run_dir / record["trajectory"]))
         assert [r["returncode"] for r in data["evaluation"]] == [0] * len(data["evaluation"])
     return records
 
@@ -32,7 +36,7 @@ def test_demo_fixes_every_bug_offline(cli, tmp_path):
     assert "| Submitted | agent outcome | 4 | 100.0% |" in result.stdout
     check_run(tmp_path / "run", "scripted")
     # the bug really was there before: the first command of the leap-year task shows 1900 as a leap year
-    steps = load(str(tmp_path / "run" / "leap-year" / "leap-year.traj.json"))["steps"]
+    steps = recorded(str(tmp_path / "run" / "leap-year" / "leap-year.traj.json"))["steps"]
     assert "[1900, 2000, 2024]" in steps[0]["output"] and "[2000, 2024]" in steps[1]["output"]
 
 

@@ -90,7 +90,8 @@ class Runs:
     def start(self, server, *extra: str, name: str = "t.json", group: bool = False) -> subprocess.Popen:
         """`group`: in its own process group, so that a signal can go to the whole group as Ctrl-C at a terminal does."""
         path = self.tmp_path / name
-        args = ["run", "x", *endpoint(server), "-o", str(path), "--image", IMAGE, *extra]
+        # -q: stderr then holds only diagnostics (the steps are progress, shown there otherwise)
+        args = ["run", "x", *endpoint(server), "-o", str(path), "--image", IMAGE, "-q", *extra]
         proc = subprocess.Popen(
             miniswe_cmd(*args), cwd=self.tmp_path, env=clean_env(), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0 if group else None,

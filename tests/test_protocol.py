@@ -4,7 +4,7 @@ import pytest
 
 from miniswe.protocol import FormatError, parse_command, strip_reasoning, submission
 
-F = "```"
+from replies import F
 
 VALID = [
     ("plain", f"THOUGHT: list\n\n{F}bash\nls -la\n{F}\n", "ls -la"),

@@ -1,4 +1,4 @@
-"""results.jsonl: the append-only ledger of finished tasks, one JSON line each, fsynced as it is written.
+"""results.jsonl: the append-only ledger of finished tasks, one LedgerRecord per JSON line, fsynced as written.
 
 A `kill -9` can only tear the last line; reading drops it (and cuts it off before appending). The
 last line for an id wins; at the start and end of every batch, superseded lines move to
@@ -7,19 +7,80 @@ results.history.jsonl, so a finished run holds exactly one line per task.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
-from miniswe.batch.files import write_atomic
+from miniswe.batch.files import now, write_atomic
+from miniswe.status import is_agent_outcome
+from miniswe.trajectory import Trajectory
 
 LEDGER = "results.jsonl"
 HISTORY = "results.history.jsonl"
+DETAIL_CHARS = 4000
+BUDGET_PREFIX = "batch_"  # exit details of tasks a batch budget cut off: batch_cost_limit, batch_token_limit
 
 
-def read_lines(path: str, *, repair: bool = False, warn=None) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One finished task: its line in results.jsonl (field names are documented in the README)."""
+
+    id: str
+    exit_status: str
+    exit_detail: str | None = None
+    resolved: bool | None = None  # None without eval
+    has_eval: bool = False
+    steps: int = 0
+    model_calls: int = 0
+    tokens: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+    wall_s: float = 0.0
+    trajectory: str | None = None  # relative to the run directory
+    submission: str | None = None
+    model: str | None = None
+    attempt: int = 1
+    started: str | None = None
+    ended: str | None = None
+
+    @classmethod
+    def from_trajectory(cls, trajectory: Trajectory, *, task_id: str, relative_path: str, has_eval: bool, model: str,
+                        attempt: int, started: str, wall_s: float) -> LedgerRecord:
+        outcome = trajectory.outcome
+        usage = trajectory.usage
+        detail = outcome.detail if outcome else None
+        return cls(
+            id=task_id, exit_status=str(outcome.status) if outcome else "Error",
+            exit_detail=detail[-DETAIL_CHARS:] if isinstance(detail, str) else detail,
+            resolved=trajectory.resolved, has_eval=has_eval, steps=len(trajectory.steps), model_calls=usage.model_calls,
+            tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            cost=usage.cost, wall_s=round(wall_s, 3), trajectory=relative_path,
+            submission=outcome.submission if outcome else None, model=model, attempt=attempt, started=started, ended=now(),
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LedgerRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> LedgerRecord:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def kept_on_resume(self) -> bool:
+        """Ended with an agent outcome, and not merely cut off by a batch budget (that task never had its chance)."""
+        return is_agent_outcome(self.exit_status) and not str(self.exit_detail or "").startswith(BUDGET_PREFIX)
+
+
+def read_lines(path: str, *, repair: bool = False, warn=None) -> list[LedgerRecord]:
     """Every record in file order. With `repair`, a torn last line is cut off the file."""
     try:
         with open(path, "rb") as handle:
@@ -45,7 +106,7 @@ def read_lines(path: str, *, repair: bool = False, warn=None) -> list[dict[str, 
                 continue
             (warn or _warn)(f"{path}: line {number} is not a task record; ignored")
             continue
-        records.append(record)
+        records.append(LedgerRecord.from_dict(record))
     if repair and good < len(raw):
         with open(path, "r+b") as handle:
             handle.truncate(good)
@@ -55,16 +116,16 @@ def read_lines(path: str, *, repair: bool = False, warn=None) -> list[dict[str, 
     return records
 
 
-def latest(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def latest(records: list[LedgerRecord]) -> dict[str, LedgerRecord]:
     """The last record per task id, in the order those last records were written."""
-    by_id: dict[str, dict[str, Any]] = {}
+    by_id: dict[str, LedgerRecord] = {}
     for record in records:
-        by_id.pop(record["id"], None)
-        by_id[record["id"]] = record
+        by_id.pop(record.id, None)
+        by_id[record.id] = record
     return by_id
 
 
-def read_records(path: str, *, warn=None) -> dict[str, dict[str, Any]]:
+def read_records(path: str, *, warn=None) -> dict[str, LedgerRecord]:
     return latest(read_lines(path, warn=warn))
 
 
@@ -83,24 +144,24 @@ class Ledger:
         self._lock = threading.Lock()
         self._written: set[str] = set()
 
-    def append(self, record: dict[str, Any]) -> bool:
+    def append(self, record: LedgerRecord) -> bool:
         """Record a finished task once per batch invocation; False when it was already recorded."""
         with self._lock:
-            if record["id"] in self._written:
+            if record.id in self._written:
                 return False
-            self._written.add(record["id"])
+            self._written.add(record.id)
             _append_bytes(self.path, record_line(record).encode("utf-8"))
             self._lines.append(record)
-            self.records.pop(record["id"], None)
-            self.records[record["id"]] = record
+            self.records.pop(record.id, None)
+            self.records[record.id] = record
             return True
 
-    def amend(self, record: dict[str, Any]) -> None:
+    def amend(self, record: LedgerRecord) -> None:
         """Append a corrected line for a task's kept result (the last line per id wins)."""
         with self._lock:
             _append_bytes(self.path, record_line(record).encode("utf-8"))
             self._lines.append(record)
-            self.records[record["id"]] = record
+            self.records[record.id] = record
 
     def compact(self) -> None:
         """Move superseded lines (earlier attempts) to the history file, keeping one line per task."""
@@ -109,19 +170,19 @@ class Ledger:
                 return
             keep = {id(record) for record in self.records.values()}
             # one line per attempt: an amended line (see `amend`) replaces the attempt's first one
-            superseded = {(r["id"], r.get("attempt")): r for r in self._lines if id(r) not in keep}
+            superseded = {(r.id, r.attempt): r for r in self._lines if id(r) not in keep}
             # history first: a crash between the two writes duplicates a line there, never loses one
             _append_bytes(self.history, "".join(record_line(r) for r in superseded.values()).encode("utf-8"))
             write_atomic(self.path, "".join(record_line(r) for r in self.records.values()))
             self._lines = list(self.records.values())
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[LedgerRecord]:
         with self._lock:
             return list(self.records.values())
 
 
-def record_line(record: dict[str, Any]) -> str:
-    return json.dumps(record, ensure_ascii=False) + "\n"
+def record_line(record: LedgerRecord) -> str:
+    return json.dumps(record.to_dict(), ensure_ascii=False) + "\n"
 
 
 def _append_bytes(path: str, data: bytes) -> None:

@@ -12,13 +12,11 @@ from typing import Any
 
 from miniswe import __version__
 from miniswe.batch.files import now, write_atomic, write_json
-from miniswe.batch.ledger import LEDGER, record_line
+from miniswe.batch.ledger import LEDGER, LedgerRecord, record_line
 from miniswe.batch.report import build_report, load_run, render_markdown
 from miniswe.batch.rundir import FORMAT, REPORT_MD, RUN_JSON, RunDir
 from miniswe.errors import UsageError
-from miniswe.status import INFRA_FAILURES
-
-RERUN_STATUSES = {"Interrupted"} | {str(status) for status in INFRA_FAILURES}
+from miniswe.status import is_agent_outcome
 
 
 def merge_runs(run_dirs: list[str], out: str, *, force: bool = False) -> tuple[dict[str, Any], str]:
@@ -33,19 +31,19 @@ def merge_runs(run_dirs: list[str], out: str, *, force: bool = False) -> tuple[d
         raise UsageError(f"-o {out} already holds a run; pass another directory, or --force to overwrite it")
     runs = [(path, *load_run(path)) for path in sources]
     _check_same_batch(runs, force)
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, LedgerRecord] = {}
     origin: dict[str, str] = {}
     for path, records, _ in runs:
         for record in records:
-            seen = merged.get(record["id"])
+            seen = merged.get(record.id)
             if seen is not None and _outcome(seen) != _outcome(record):
                 raise UsageError(
-                    f"merge: task {record['id']!r} has different results in {origin[record['id']]} and {path}; "
+                    f"merge: task {record.id!r} has different results in {origin[record.id]} and {path}; "
                     "shards must be disjoint (rerun one of them, or leave one out)"
                 )
             if seen is None:
-                merged[record["id"]] = record
-                origin[record["id"]] = path
+                merged[record.id] = record
+                origin[record.id] = path
     os.makedirs(out, exist_ok=True)
     for task_id, record in merged.items():
         _copy_trajectory(origin[task_id], out, record)
@@ -55,7 +53,7 @@ def merge_runs(run_dirs: list[str], out: str, *, force: bool = False) -> tuple[d
     target.write_preds(records)
     first = next((run for _, _, run in runs if run), None) or {}
     # a failed task is rerun in its own shard, by that shard's command, then the shards are merged again
-    needing_rerun = {origin[r["id"]] for r in records if r["exit_status"] in RERUN_STATUSES}
+    needing_rerun = {origin[r.id] for r in records if not is_agent_outcome(r.exit_status)}
     shard_commands = [run.get("command") for path, _, run in runs if run and path in needing_rerun and run.get("command")]
     run = {
         "format": FORMAT, "version": 1, "miniswe_version": __version__,
@@ -95,12 +93,12 @@ def _missing_shards(runs: list[tuple[str, list, dict | None]]) -> list[str]:
     return [f"{i}/{n}" for n, indexes in sorted(given.items()) for i in range(1, n + 1) if i not in indexes]
 
 
-def _outcome(record: dict[str, Any]) -> tuple:
-    return tuple(record.get(key) for key in ("exit_status", "resolved", "submission", "steps", "tokens", "cost"))
+def _outcome(record: LedgerRecord) -> tuple:
+    return (record.exit_status, record.resolved, record.submission, record.steps, record.tokens, record.cost)
 
 
-def _copy_trajectory(source_dir: str, out: str, record: dict[str, Any]) -> None:
-    relative = record.get("trajectory")
+def _copy_trajectory(source_dir: str, out: str, record: LedgerRecord) -> None:
+    relative = record.trajectory
     if not relative:
         return
     source, target = os.path.join(source_dir, relative), os.path.join(out, relative)

@@ -76,9 +76,12 @@ def plan_task(task: Task, base: Config, run_dir: str, task_dir: str) -> Plan:
         environment["cwd"] = workspace
     elif task.swebench and not base.environment.cwd:
         environment["cwd"] = SWEBENCH_CWD
-    image = environment.get("image", base.environment.image)
+    image = environment.get("image", getattr(base.environment, "image", ""))
     if "{" in image:
         environment["image"] = image_name(image, task)
+    script = sections.get("model", {}).get("script", getattr(base.model, "script", ""))
+    if "{" in script:  # a replies file per task: model.script=replies/{id}.yaml
+        sections.setdefault("model", {})["script"] = _fill(script, task, "model.script")
     sections = {name: values for name, values in sections.items() if values}
     config = override(base, **sections) if sections else base
     return Plan(task, config, os.path.join(run_dir, trajectory_name(task.id)), workspace)
@@ -86,17 +89,22 @@ def plan_task(task: Task, base: Config, run_dir: str, task_dir: str) -> Plan:
 
 def image_name(template: str, task: Task) -> str:
     """Fill `{field}` from the task as SWE-bench names its images: '__' becomes '_1776_', all lower case."""
-    values = {k: str(v).replace("__", "_1776_").lower() for k, v in task.fields.items() if isinstance(v, (str, int))}
-    values["id"] = task.id.replace("__", "_1776_").lower()
+    return _fill(template, task, "environment.image", lambda value: value.replace("__", "_1776_").lower())
+
+
+def _fill(template: str, task: Task, key: str, spell=lambda value: value) -> str:
+    """`template` with each `{field}` replaced by the task's field (`{id}`: its id), spelled by `spell`."""
+    values = {k: spell(str(v)) for k, v in task.fields.items() if isinstance(v, (str, int))}
+    values["id"] = spell(task.id)
     try:
         return template.format_map(values)
     except KeyError as error:
         raise ConfigError(
-            f"environment.image: the template {template!r} uses {{{error.args[0]}}}, which the task lacks "
+            f"{key}: the template {template!r} uses {{{error.args[0]}}}, which the task lacks "
             f"(fields: {', '.join(sorted(values))})"
         ) from None
     except (ValueError, IndexError) as error:
-        raise ConfigError(f"environment.image: bad template {template!r}: {error}") from None
+        raise ConfigError(f"{key}: bad template {template!r}: {error}") from None
 
 
 def _sections(overrides: dict[str, Any], task_dir: str) -> dict[str, dict[str, Any]]:

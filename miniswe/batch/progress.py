@@ -11,20 +11,20 @@ import time
 from collections import Counter
 from typing import Any, TextIO
 
-from miniswe.status import INFRA_FAILURES
+from miniswe.batch.ledger import LedgerRecord
+from miniswe.status import is_infra_failure
 
 MAX_RUNNING_ROWS = 12
-INFRA_STATUSES = {str(status) for status in INFRA_FAILURES}
 
 
 class BatchState:
-    def __init__(self, total: int, done_before: list[dict[str, Any]]):
+    def __init__(self, total: int, done_before: list[LedgerRecord]):
         self.total = total
         self.done_before = len(done_before)
         self.finished = 0
-        self.by_status: Counter[str] = Counter(r["exit_status"] for r in done_before)
-        self.resolved = sum(1 for r in done_before if r.get("resolved"))
-        self.evaluated = sum(1 for r in done_before if r.get("has_eval"))
+        self.by_status: Counter[str] = Counter(r.exit_status for r in done_before)
+        self.resolved = sum(1 for r in done_before if r.resolved)
+        self.evaluated = sum(1 for r in done_before if r.has_eval)
         self.running: dict[str, dict[str, Any]] = {}
         self.tokens = 0
         self.cost = 0.0
@@ -46,13 +46,13 @@ class BatchState:
             self.tokens += tokens
             self.cost += cost
 
-    def task_finished(self, record: dict[str, Any]) -> None:
+    def task_finished(self, record: LedgerRecord) -> None:
         with self.lock:
-            self.running.pop(record["id"], None)
+            self.running.pop(record.id, None)
             self.finished += 1
-            self.by_status[record["exit_status"]] += 1
-            self.resolved += bool(record.get("resolved"))
-            self.evaluated += bool(record.get("has_eval"))
+            self.by_status[record.exit_status] += 1
+            self.resolved += bool(record.resolved)
+            self.evaluated += bool(record.has_eval)
 
     def rate(self) -> float:
         """Tasks finished per second by this invocation."""
@@ -64,12 +64,12 @@ class BatchState:
         return (self.total - self.done) / rate if rate > 0 else None
 
 
-def task_line(record: dict[str, Any], state: BatchState) -> str:
+def task_line(record: LedgerRecord, state: BatchState) -> str:
     width = len(str(state.total))
-    resolved = {True: " resolved", False: " unresolved"}.get(record.get("resolved"), "")
+    resolved = {True: " resolved", False: " unresolved"}.get(record.resolved, "")
     return (
-        f"[{state.done:>{width}}/{state.total}] {record['id']} {record['exit_status']}{resolved} · "
-        f"{record['steps']} steps · {record['tokens']:,} tokens · ${record['cost']:.4f} · {record['wall_s']:.1f}s"
+        f"[{state.done:>{width}}/{state.total}] {record.id} {record.exit_status}{resolved} · "
+        f"{record.steps} steps · {record.tokens:,} tokens · ${record.cost:.4f} · {record.wall_s:.1f}s"
     )
 
 
@@ -80,7 +80,7 @@ class PlainProgress:
     def begin(self, state: BatchState) -> None:
         pass
 
-    def finished(self, record: dict[str, Any], state: BatchState) -> None:
+    def finished(self, record: LedgerRecord, state: BatchState) -> None:
         self.notice(task_line(record, state))
 
     def notice(self, text: str) -> None:
@@ -91,7 +91,7 @@ class PlainProgress:
 
 
 class QuietProgress(PlainProgress):
-    def finished(self, record: dict[str, Any], state: BatchState) -> None:
+    def finished(self, record: LedgerRecord, state: BatchState) -> None:
         pass
 
 
@@ -110,11 +110,11 @@ class RichProgress:
         self.live = Live(get_renderable=self._render, console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
 
-    def finished(self, record: dict[str, Any], state: BatchState) -> None:
+    def finished(self, record: LedgerRecord, state: BatchState) -> None:
         from rich.markup import escape
 
-        status = record["exit_status"]
-        style = "green" if status == "Submitted" else "red" if status in INFRA_STATUSES else "yellow"
+        status = record.exit_status
+        style = "green" if status == "Submitted" else "red" if is_infra_failure(status) else "yellow"
 
         self.console.print(f"[{style}]{escape(task_line(record, state))}[/]")
 

@@ -11,17 +11,15 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from miniswe.batch.ledger import LEDGER, read_records
-from miniswe.batch.rundir import AGENT_STATUSES, RunDir
+from miniswe.batch.ledger import LEDGER, LedgerRecord, read_records
+from miniswe.batch.rundir import RunDir
 from miniswe.errors import UsageError
-from miniswe.status import INFRA_FAILURES
-
-INFRA_STATUSES = {str(status) for status in INFRA_FAILURES}
+from miniswe.status import ExitStatus, is_agent_outcome, is_infra_failure
 METRICS = ("steps", "tokens", "cost", "wall_s")
 TOP = 5
 
 
-def load_run(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def load_run(run_dir: str) -> tuple[list[LedgerRecord], dict[str, Any] | None]:
     """The ledger's records and run.json of a run directory (run.json may be missing)."""
     ledger = os.path.join(run_dir, LEDGER)
     if not os.path.isdir(run_dir):
@@ -32,21 +30,21 @@ def load_run(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]
     return list(read_records(ledger).values()), run
 
 
-def build_report(records: list[dict[str, Any]]) -> dict[str, Any]:
+def build_report(records: list[LedgerRecord]) -> dict[str, Any]:
     """The report's numbers; keys are documented in the README and stable."""
-    evaluated = [r for r in records if r.get("has_eval", r.get("resolved") is not None)]
-    resolved = sum(1 for r in records if r.get("resolved") is True)
+    evaluated = [r for r in records if r.has_eval or r.resolved is not None]
+    resolved = sum(1 for r in records if r.resolved is True)
     return {
         "tasks": len(records),
-        "by_status": dict(Counter(r["exit_status"] for r in records).most_common()),
+        "by_status": dict(Counter(r.exit_status for r in records).most_common()),
         "resolved": resolved,
         "evaluated": len(evaluated),
         "resolved_rate": resolved / len(evaluated) if evaluated else None,
-        **{metric: summary([float(r.get(metric) or 0) for r in records]) for metric in METRICS},
+        **{metric: summary([float(getattr(r, metric) or 0) for r in records]) for metric in METRICS},
         "infra_failures": [
-            {"id": r["id"], "exit_status": r["exit_status"], "detail": _last_line(r.get("exit_detail")), "trajectory": r.get("trajectory")}
+            {"id": r.id, "exit_status": r.exit_status, "detail": _last_line(r.exit_detail), "trajectory": r.trajectory}
             for r in records
-            if r["exit_status"] in INFRA_STATUSES
+            if is_infra_failure(r.exit_status)
         ],
     }
 
@@ -65,7 +63,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def render_markdown(report: dict[str, Any], records: list[dict[str, Any]], run: dict[str, Any] | None, run_dir: str) -> str:
+def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: dict[str, Any] | None, run_dir: str) -> str:
     lines = ["# miniswe batch report", ""]
     facts = [f"run directory `{run_dir}`"]
     if run:
@@ -82,19 +80,19 @@ def render_markdown(report: dict[str, Any], records: list[dict[str, Any]], run: 
         head += f" · **resolved {report['resolved']} of {report['evaluated']}** with eval ({report['resolved_rate']:.1%})"
     lines += [head, "", "| exit status | kind | tasks | share |", "| --- | --- | ---: | ---: |"]
     for status, count in report["by_status"].items():
-        kind = "agent outcome" if status in AGENT_STATUSES else "infrastructure" if status in INFRA_STATUSES else "interrupted"
+        kind = "agent outcome" if is_agent_outcome(status) else "infrastructure" if is_infra_failure(status) else "interrupted"
         lines.append(f"| {status} | {kind} | {count} | {count / total:.1%} |")
     lines += ["", "| per task | mean | median | p90 | max |", "| --- | ---: | ---: | ---: | ---: |"]
     for metric, label, fmt in (("steps", "steps", "{:.1f}"), ("tokens", "tokens", "{:,.0f}"), ("cost", "cost ($)", "{:.4f}"), ("wall_s", "wall time (s)", "{:.1f}")):
         values = report[metric]
         lines.append(f"| {label} | " + " | ".join(fmt.format(values[k]) for k in ("mean", "median", "p90", "max")) + " |")
-    slowest = sorted(records, key=lambda r: -(r.get("wall_s") or 0))[:TOP]
-    lines += ["", "Slowest: " + ", ".join(f"`{r['id']}` {r.get('wall_s') or 0:.1f}s" for r in slowest)]
-    if any(r.get("cost") for r in records):
-        priciest = sorted(records, key=lambda r: -(r.get("cost") or 0))[:TOP]
-        lines.append("Most expensive: " + ", ".join(f"`{r['id']}` ${r.get('cost') or 0:.4f}" for r in priciest))
+    slowest = sorted(records, key=lambda r: -(r.wall_s or 0))[:TOP]
+    lines += ["", "Slowest: " + ", ".join(f"`{r.id}` {r.wall_s or 0:.1f}s" for r in slowest)]
+    if any(r.cost for r in records):
+        priciest = sorted(records, key=lambda r: -(r.cost or 0))[:TOP]
+        lines.append("Most expensive: " + ", ".join(f"`{r.id}` ${r.cost or 0:.4f}" for r in priciest))
     failures = report["infra_failures"]
-    interrupted = report["by_status"].get("Interrupted", 0)
+    interrupted = report["by_status"].get(str(ExitStatus.INTERRUPTED), 0)
     if failures:
         lines += ["", f"## Infrastructure failures ({len(failures)})", "", "| task | status | detail |", "| --- | --- | --- |"]
         for failure in failures:

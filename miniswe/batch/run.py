@@ -17,23 +17,23 @@ from typing import Any, TextIO
 import requests
 
 from miniswe.batch.files import write_atomic
-from miniswe.batch.ledger import Ledger
+from miniswe.batch.ledger import Ledger, LedgerRecord
 from miniswe.batch.plan import Plan, plan_tasks
-from miniswe.batch.pool import Pool
 from miniswe.batch.progress import BatchState, make_progress
 from miniswe.batch.report import build_report, render_markdown
-from miniswe.batch.rundir import AGENT_STATUSES, REPORT_MD, RunDir, model_identity
+from miniswe.batch.rundir import REPORT_MD, RunDir, model_identity
+from miniswe.batch.scheduler import Budget, Gates, Scheduler, Shared
 from miniswe.batch.selection import select_tasks
-from miniswe.batch.stop import StopControl, install_signal_handlers
 from miniswe.batch.tasks import TaskFile, load_tasks
+from miniswe.batch.threads import ThreadExecutor
 from miniswe.config import Config
 from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.environments import check_environment
-from miniswe.runner import check_model, redacted
-from miniswe.status import EXIT_INFRA, EXIT_SIGINT, EXIT_SIGTERM, INFRA_FAILURES
-from miniswe.templates import Renderer
-
-INFRA_STATUSES = {str(status) for status in INFRA_FAILURES}
+from miniswe.redaction import masked_config
+from miniswe.runner import build_model
+from miniswe.signals import Stop
+from miniswe.status import batch_exit_code
+from miniswe.templates import Renderer, prompt_variables
 
 
 @dataclass
@@ -87,7 +87,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
     check_endpoints(plans)
     docker = [p.config.environment.executable for p in plans if p.config.environment.kind == "docker"]
     if docker:  # per task: a task's own env.image runs it in a container too
-        from miniswe.environments.docker import warn_orphans
+        from miniswe.environments.containers import warn_orphans
 
         warn_orphans(docker)
 
@@ -99,7 +99,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
             run_dir.check_same(previous, task_file.sha256, os.path.abspath(options.tasks), identity)
         ledger = Ledger(run_dir.path)
         redo = redo_ids(options.redo, [p.id for p in plans], ledger.records)
-        todo = [p for p in plans if p.id in redo or not _finished(ledger.records.get(p.id))]
+        todo = [p for p in plans if p.id in redo or not _kept(ledger.records.get(p.id))]
         todo_ids = {p.id for p in todo}
         kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]
         run = run_dir.start_run(previous, _run_info(task_file, options, config, identity, len(selected)))
@@ -111,41 +111,38 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
 
 
 def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream) -> BatchResult:
-    """Run the pool with signals routed to it, then write preds.json, report.md and run.json's end."""
+    """Run the scheduler over the thread executor, then write preds.json, report.md and run.json's end."""
     state = BatchState(len(plans), kept)
     progress = make_progress(options.quiet, stream)
-    control = StopControl(cost_limit=options.batch_cost_limit, token_limit=options.batch_token_limit)
     if not options.quiet:
         progress.notice(
             f"miniswe batch: {len(plans)} tasks, {len(kept)} already done, {len(todo)} to run with "
             f"{min(options.workers, max(len(todo), 1))} worker(s) → {run_dir.path}"
         )
-    pool = Pool(todo, workers=options.workers, control=control, ledger=ledger, state=state, progress=progress,
-                renderers=renderers, max_concurrent_calls=options.max_concurrent_calls,
-                after_record=lambda record: run_dir.write_preds(ledger.snapshot))
-    restore = install_signal_handlers(control)
+    budget = Budget(options.batch_cost_limit, options.batch_token_limit)
+    shared = Shared(Stop(), Gates(options.max_concurrent_calls), renderers)
+    scheduler = Scheduler(ledger=ledger, state=state, progress=progress, budget=budget, shared=shared,
+                          after_record=lambda record: run_dir.write_preds(ledger.snapshot))
+    progress.begin(state)
     try:
-        progress.begin(state)
-        try:
-            pool.run()
-        finally:
-            progress.end()
-        ledger.compact()
-        records = ledger.snapshot()
-        run_dir.write_preds(records)
-        report = build_report(records)
-        markdown = render_markdown(report, records, run, run_dir.path)
-        write_atomic(run_dir.file(REPORT_MD), markdown)
-        finished = {r["id"]: r for r in records}
-        not_started = [p.id for p in plans if p.id not in finished]
-        code = _exit_code(control, [finished[p.id] for p in plans if p.id in finished], pool.record_failures)
-        status = "interrupted" if control.signal_name else "incomplete" if not_started else "finished"
-        if not_started and not control.signal_name:
-            reason = control.budget_reached() or "stopped early"
-            progress.notice(f"miniswe: {len(not_started)} task(s) not started ({reason}); rerun the same command to continue")
-        run_dir.end_run(run, status, {"ran": state.finished, "kept": len(kept), "exit_code": code})
+        scheduler.run(todo, ThreadExecutor(min(options.workers, max(len(todo), 1))))
     finally:
-        restore()
+        progress.end()
+    ledger.compact()
+    records = ledger.snapshot()
+    run_dir.write_preds(records)
+    report = build_report(records)
+    markdown = render_markdown(report, records, run, run_dir.path)
+    write_atomic(run_dir.file(REPORT_MD), markdown)
+    finished = {r.id: r for r in records}
+    not_started = [p.id for p in plans if p.id not in finished]
+    code = batch_exit_code((finished[p.id].exit_status for p in plans if p.id in finished),
+                           signal_name=scheduler.signal_name, record_failures=scheduler.record_failures)
+    status = "interrupted" if scheduler.signal_name else "incomplete" if not_started else "finished"
+    if not_started and not scheduler.signal_name:
+        reason = budget.reached() or "stopped early"
+        progress.notice(f"miniswe: {len(not_started)} task(s) not started ({reason}); rerun the same command to continue")
+    run_dir.end_run(run, status, {"ran": state.finished, "kept": len(kept), "exit_code": code})
     return BatchResult(code, run_dir.path, report, markdown, state.finished, len(kept), not_started)
 
 
@@ -156,35 +153,35 @@ def check_plans(task_file: TaskFile, plans: list[Plan]) -> dict[str, Renderer]:
     which a SWE-bench-sized list would pay thousands of times over.
     """
     renderers: dict[str, Renderer] = {}
-    models: set[tuple] = set()
+    models: set[str] = set()
     for plan in plans:
         model, agent = plan.config.model, plan.config.agent
         try:
             if agent.templates_dir not in renderers:
                 renderers[agent.templates_dir] = Renderer(agent.templates_dir)
+            # a field the instance prompt uses but this task lacks must fail now, not when the task starts
+            renderers[agent.templates_dir].check_instance(plan.task.text, plan.task.fields,
+                                                          prompt_variables(plan.config, plan.config.environment.cwd))
             check_environment(plan.config.environment)
-            key = (model.kind, model.base_url, model.name, model.script)
+            key = repr(model)
             if key not in models:
-                check_model(plan.config)
+                build_model(plan.config)  # refuses bad settings when built (no endpoint, no name, an unreadable script)
                 models.add(key)
         except ConfigError as error:
-            if not (plan.task.config or plan.task.env):
+            if not (plan.task.config or plan.task.env) and not str(error).startswith("template instance.j2"):
                 raise
             raise TaskFileError(f"{task_file.path}: {plan.task.where} (id {plan.id}): {error}") from None
     return renderers
 
 
-def _finished(record: dict[str, Any] | None) -> bool:
-    """Ended with an agent outcome, and not merely cut off by a batch budget (that task never had its chance)."""
-    if not record or record.get("exit_status") not in AGENT_STATUSES:
-        return False
-    return not str(record.get("exit_detail") or "").startswith("batch_")
+def _kept(record: LedgerRecord | None) -> bool:
+    return record is not None and record.kept_on_resume
 
 
 def check_endpoints(plans: list[Plan]) -> None:
     """Fail in one line before anything runs when an endpoint cannot be reached at all, rather than
     letting every task spend its retries on it. A reachable but failing endpoint is each task's ModelError."""
-    models = {plan.config.model.base_url: plan.config.model for plan in plans if plan.config.model.kind == "openai"}
+    models = {plan.config.model.base_url: plan.config.model for plan in plans if getattr(plan.config.model, "base_url", "")}
     for model in models.values():
         parts = urllib.parse.urlsplit(model.base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -199,14 +196,14 @@ def check_endpoints(plans: list[Plan]) -> None:
             raise ModelError(f"cannot reach {model.base_url}: {reason.lower()}; check --base-url (no task was run)") from None
 
 
-def redo_ids(redo: str | None, ids: list[str], records: dict[str, dict[str, Any]]) -> set[str]:
+def redo_ids(redo: str | None, ids: list[str], records: dict[str, LedgerRecord]) -> set[str]:
     """Tasks to run again even though they ended with an agent outcome."""
     if not redo:
         return set()
     if redo == "all":
         return set(ids)
     if redo == "failed":  # the agent's own failures: not submitted, or submitted but not resolved
-        return {i for i in ids if i in records and not (records[i]["exit_status"] == "Submitted" and records[i].get("resolved") is not False)}
+        return {i for i in ids if i in records and not (records[i].exit_status == "Submitted" and records[i].resolved is not False)}
     wanted = [i.strip() for i in redo.split(",") if i.strip()]
     for task_id in wanted:
         if task_id not in ids:
@@ -216,19 +213,11 @@ def redo_ids(redo: str | None, ids: list[str], records: dict[str, dict[str, Any]
     return set(wanted)
 
 
-def _exit_code(control: StopControl, records: list[dict[str, Any]], record_failures: int) -> int:
-    if control.signal_name:
-        return EXIT_SIGTERM if control.signal_name == "SIGTERM" else EXIT_SIGINT
-    if record_failures or any(r["exit_status"] in INFRA_STATUSES for r in records):
-        return EXIT_INFRA
-    return 0
-
-
 def _run_info(task_file: TaskFile, options: BatchOptions, config: Config, identity: dict[str, str], selected: int) -> dict[str, Any]:
     return {
         "task_file": {"path": os.path.abspath(task_file.path), "sha256": task_file.sha256, "tasks": len(task_file.tasks)},
         "model": identity,
-        "config": redacted(config),
+        "config": masked_config(config.to_dict()),
         "command": options.command,
         "selected": selected,
         "options": {

@@ -13,14 +13,14 @@ from typing import Any
 
 from miniswe import __version__
 from miniswe.batch.files import now, read_json, write_json
+from miniswe.batch.ledger import LedgerRecord
 from miniswe.errors import UsageError
-from miniswe.status import AGENT_OUTCOMES
+from miniswe.status import is_agent_outcome
 
 RUN_JSON = "run.json"
 PREDS_JSON = "preds.json"
 REPORT_MD = "report.md"
 FORMAT = "miniswe-batch"
-AGENT_STATUSES = {str(status) for status in AGENT_OUTCOMES}
 
 
 def model_identity(config: Any) -> dict[str, str]:
@@ -94,15 +94,15 @@ class RunDir:
         run["invocations"][-1].update(ended=now(), status=status, **summary)
         write_json(self.file(RUN_JSON), run)
 
-    def write_preds(self, records: Iterable[dict[str, Any]] | Callable[[], Iterable[dict[str, Any]]]) -> None:
+    def write_preds(self, records: Iterable[LedgerRecord] | Callable[[], Iterable[LedgerRecord]]) -> None:
         with self._preds_lock:
             write_json(self.file(PREDS_JSON), predictions(records() if callable(records) else records))
 
 
-def predictions(records: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def predictions(records: Iterable[LedgerRecord]) -> dict[str, dict[str, Any]]:
     """SWE-bench predictions: every task that ended with an agent outcome; no submission is an empty patch."""
     return {
-        r["id"]: {"instance_id": r["id"], "model_name_or_path": r.get("model") or "miniswe", "model_patch": r.get("submission") or ""}
+        r.id: {"instance_id": r.id, "model_name_or_path": r.model or "miniswe", "model_patch": r.submission or ""}
         for r in records
-        if r.get("exit_status") in AGENT_STATUSES
+        if is_agent_outcome(r.exit_status)
     }

@@ -100,11 +100,9 @@ def run_captured(
             kill()
         if not eof:
             _drain(fd, buffer)
-    except BaseException as error:
-        kill()  # Ctrl-C or a stop request mid-command must not leave the command running
+    except BaseException:
+        kill()  # whatever ends the wait early must not leave the command running
         proc.wait()
-        _drain(fd, buffer)
-        error.partial_result = _result(buffer, None, False, started)  # what the step had printed, for the record
         raise
     finally:
         if watch is not None:

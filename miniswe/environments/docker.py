@@ -1,36 +1,37 @@
-"""Commands in one Docker (or Podman) container per environment: a fresh `bash -c` per `exec`, timed out inside.
-
-Also finds and removes containers whose owning miniswe process is gone (`find_orphans`, `remove_containers`).
-"""
+"""Commands in one Docker (or Podman) container per environment: a fresh `bash -c` per `exec`, timed out inside."""
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
-import json
 import os
 import re
 import resource
 import secrets
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from miniswe.environments import CommandResult
+from miniswe.environments import CommandResult, EnvironmentConfig
 from miniswe.environments.capture import run_captured
+from miniswe.environments.containers import (
+    engine_call,
+    engine_problem,
+    first_line,
+    owner_labels,
+    remove,
+    says_no_such_image,
+)
 from miniswe.environments.local import QUIET_ENV
 from miniswe.errors import ConfigError, SandboxError
 from miniswe.redaction import mask_run_args
+from miniswe.signals import Stop
 
-LABEL = "miniswe"
 PULL_POLICIES = ("never", "missing", "always")
 # Past the command's own timeout, how long the host waits for the in-container watchdog before giving up on it.
 HOST_GRACE_S = 5.0
-ENGINE_CALL_S = 30.0
 STDERR_LIMIT = 1 << 16
 
 # Runs inside the container as `bash -c WRAPPER miniswe TIMEOUT COMMAND`. Job control gives the command its
@@ -73,18 +74,15 @@ KEEPER = (
 
 
 @dataclass(frozen=True)
-class DockerConfig:
-    image: str = ""
-    cwd: str = "/"
-    env: dict[str, str] = field(default_factory=dict)
-    forward_env: list[str] = field(default_factory=list)
-    run_args: list[str] = field(default_factory=list)
-    executable: str = "docker"
-    pull: str = "missing"
-    start_timeout: float = 120
-    container_lifetime: float = 14400
-    capture_limit: int = 1_000_000
-    run_id: str = ""
+class DockerConfig(EnvironmentConfig):
+    kind: str = "docker"
+    image: str = ""  # image to start
+    forward_env: list[str] = field(default_factory=list)  # host variables passed through by name (values never recorded)
+    run_args: list[str] = field(default_factory=list)  # extra `docker run` arguments, e.g. [--network, none, --memory, 4g]
+    executable: str = "docker"  # docker or podman
+    pull: str = field(default="missing", metadata={"choices": PULL_POLICIES})  # never, missing or always
+    start_timeout: float = field(default=120.0, metadata={"seconds": True})  # seconds allowed for pulling and starting the container
+    container_lifetime: float = field(default=14_400.0, metadata={"seconds": True})  # seconds after which the container removes itself even if miniswe died
 
 
 # Containers not yet closed, removed at interpreter exit: name -> (executable, creating pid). The pid keeps
@@ -102,16 +100,15 @@ class DockerEnvironment:
             config = dataclasses.replace(config, cwd="/")  # the shared config's "" means the image's root here
         if not config.image:
             raise ConfigError("environment.image: no image given; set environment.image or pass --image")
-        if config.pull not in PULL_POLICIES:
-            raise ConfigError(f"environment.pull: {config.pull!r} is not one of {', '.join(PULL_POLICIES)}")
         if config.container_lifetime <= 0:
             raise ConfigError("environment.container_lifetime: must be a positive number of seconds")
         if not config.cwd.startswith("/"):
             raise ConfigError(f"environment.cwd: {config.cwd!r} must be an absolute path inside the container")
         return config
 
-    def __init__(self, config: DockerConfig):
+    def __init__(self, config: DockerConfig, *, run_id: str = "", stop: Stop | None = None, **_: Any):
         config = self.check(config)
+        self.stop = stop  # an urgent stop cuts a slow pull or start short
         self.config = config
         exe = shutil.which(config.executable)
         if exe is None:
@@ -121,10 +118,12 @@ class DockerEnvironment:
             )
         self.exe = exe
         self.tool = os.path.basename(config.executable)
-        self.run_id = config.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        self.run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         self.name = "miniswe-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", self.run_id)
         self.container: str | None = self.name  # None once closed
         self._gone: str | None = None
+        self._running: subprocess.Popen | None = None
+        self._interrupted = False
         env = {**QUIET_ENV, **{k: str(v) for k, v in config.env.items()}}
         # Forwarded variables go by name only: the client fills in the value, so it never appears in argv.
         self._env_args = [a for name in config.forward_env for a in ("-e", name)]
@@ -136,27 +135,19 @@ class DockerEnvironment:
             self.close()
             raise
 
-    def _engine(self, *args: str, timeout: float = ENGINE_CALL_S) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run(
-                [self.exe, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
-            )
-        except subprocess.TimeoutExpired:
-            raise SandboxError(
-                f"`{self.tool} {args[0]}` did not finish within {timeout:g}s; check that the engine is healthy "
-                "(raise environment.start_timeout for slow pulls)"
-            ) from None
+    def _engine(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
+        return engine_call(self.exe, *args, timeout=timeout, stop=self.stop)
 
     def _start(self) -> None:
         cfg = self.config
         present = self._engine("image", "inspect", "--format", "{{.Id}}", cfg.image)
-        if present.returncode and not _says_no_such_image(present.stderr):
-            raise SandboxError(_engine_problem(self.tool, present.stderr))
+        if present.returncode and not says_no_such_image(present.stderr):
+            raise SandboxError(engine_problem(self.tool, present.stderr))
         if cfg.pull == "always" or (present.returncode and cfg.pull == "missing"):
             pulled = self._engine("pull", cfg.image, timeout=cfg.start_timeout)
             if pulled.returncode:
                 raise SandboxError(
-                    f"cannot pull image {cfg.image}: {_first_line(pulled.stderr)}; build or load it locally "
+                    f"cannot pull image {cfg.image}: {first_line(pulled.stderr)}; build or load it locally "
                     "(docker build / docker load) and set environment.pull: never"
                 )
         elif present.returncode:
@@ -164,12 +155,7 @@ class DockerEnvironment:
                 f"image {cfg.image} is not present and environment.pull is 'never'; build or load it "
                 "(docker build / docker load) or set environment.pull: missing"
             )
-        labels = {
-            f"{LABEL}.run": self.run_id,
-            f"{LABEL}.host": socket.gethostname(),
-            f"{LABEL}.pid": str(os.getpid()),
-            f"{LABEL}.pid_start": process_start(os.getpid()) or "",
-        }
+        labels = owner_labels(self.run_id)
         run = [
             "run", "-d", "--init", "--rm", "--pull", "never", "--name", self.container,
             *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
@@ -203,12 +189,12 @@ class DockerEnvironment:
             )
         if check.returncode:
             raise SandboxError(
-                f"cannot run bash in image {cfg.image} ({_first_line(check.stderr) or f'exit {check.returncode}'}); "
+                f"cannot run bash in image {cfg.image} ({first_line(check.stderr) or f'exit {check.returncode}'}); "
                 "miniswe needs bash in the image"
             )
 
     def _run_problem(self, stderr: str) -> str:
-        line = _first_line(stderr)
+        line = first_line(stderr)
         if "rlimit" in line:
             hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
             return (
@@ -217,7 +203,7 @@ class DockerEnvironment:
             )
         if "No such image" in line:
             return f"environment.run_args: a stray argument was taken as the image name ({line})"
-        problem = _engine_problem(self.tool, stderr)
+        problem = engine_problem(self.tool, stderr)
         if problem != line:
             return problem
         return f"{self.tool} run failed: {line}; check environment.run_args {self.config.run_args}"
@@ -243,6 +229,8 @@ class DockerEnvironment:
             )
         except OSError as error:
             raise SandboxError(f"cannot start {self.exe}: {error.strerror}") from error
+        self._interrupted = False
+        self._running = proc
         try:
             result = run_captured(
                 proc,
@@ -252,14 +240,15 @@ class DockerEnvironment:
                 started=started,
             )
             stderr = proc.stderr.read(STDERR_LIMIT).decode("utf-8", errors="replace")
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
         finally:
+            self._running = None
             proc.stderr.close()
         # whole lines only: bash's job notices on the same stream quote the wrapper's source
         markers = {line.partition(" ")[0]: line.partition(" ")[2] for line in stderr.splitlines()}
+        if self._interrupted:
+            # the exec client was killed; the container goes with the run, or its next step's sweep
+            self._kill_group(markers.get("miniswe:pgid", ""))
+            return dataclasses.replace(result, returncode=None, timed_out=False, interrupted=True)
         if result.timed_out:
             # The engine did not end the step in time; the watchdog inside may still be waiting to fire.
             self._kill_group(markers.get("miniswe:pgid", ""))
@@ -268,10 +257,20 @@ class DockerEnvironment:
             return dataclasses.replace(result, returncode=None, timed_out=True)
         if "miniswe:exit" not in markers:
             # The wrapper never ran or was killed: the exec failed, or the container went away under it.
-            self._check_alive()
+            gone = self._gone_reason()
+            if gone and "miniswe:pgid" in markers:  # it died under the command: keep what the step printed
+                return dataclasses.replace(result, returncode=None, sandbox_error=gone)
+            if gone:
+                raise SandboxError(gone)
             if "miniswe:pgid" not in markers:
-                raise SandboxError(f"{self.tool} exec failed: {_first_line(stderr) or f'exit {proc.returncode}'}")
+                raise SandboxError(f"{self.tool} exec failed: {first_line(stderr) or f'exit {proc.returncode}'}")
         return result
+
+    def interrupt(self) -> None:
+        proc = self._running
+        if proc is not None:
+            self._interrupted = True
+            proc.kill()
 
     def _kill_group(self, pgid: str) -> None:
         if pgid.isdigit() and self.container:
@@ -283,7 +282,8 @@ class DockerEnvironment:
             except subprocess.TimeoutExpired:
                 pass
 
-    def _check_alive(self) -> None:
+    def _gone_reason(self) -> str | None:
+        """Why the container can no longer run commands, or None while it is running."""
         # The engine notices a dead main process a moment after the exec ends: look a few times.
         for attempt in range(4):
             time.sleep(0.1 * attempt)
@@ -292,7 +292,7 @@ class DockerEnvironment:
             if state.returncode or not status or status[0] != "running":
                 break
         else:
-            return
+            return None
         if state.returncode:
             how = "engine not reachable" if "cannot connect" in state.stderr.lower() else "removed"
         else:
@@ -301,7 +301,7 @@ class DockerEnvironment:
             f"container {self.name} is gone ({how}): it was removed, stopped or paused, or its engine "
             "restarted, while the run was using it; the run cannot continue"
         )
-        raise SandboxError(self._gone)
+        return self._gone
 
     def close(self) -> None:
         # No locks: this may run from a signal handler that interrupted execute().
@@ -309,7 +309,7 @@ class DockerEnvironment:
         if name is None:
             return
         _LIVE.pop(name, None)
-        _remove(self.exe, [name])
+        remove(self.exe, [name])
 
     def describe(self) -> dict[str, Any]:
         cfg = self.config
@@ -325,142 +325,6 @@ class DockerEnvironment:
         }
 
 
-def find_orphans(executable: str = "docker", all: bool = False) -> list[dict[str, Any]]:
-    """miniswe's containers whose owner process is gone (every one with `all`), oldest first.
-
-    Owner alive means: same host label, and a process with that pid whose start time matches `miniswe.pid_start`.
-    Containers from another host are only listed with `all`, since their owner cannot be checked from here.
-    """
-    exe = shutil.which(executable)
-    if exe is None:
-        raise SandboxError(f"{executable}: executable not found on PATH; install it or pass the right executable")
-    listed = _run_engine(exe, "ps", "-a", "-q", "--no-trunc", "--filter", f"label={LABEL}.run")
-    ids = listed.stdout.split()
-    if not ids:
-        return []
-    # a container removed between ps and inspect just drops out of the list
-    inspected = _run_engine(exe, "inspect", *ids)
-    host = socket.gethostname()
-    found = []
-    for item in json.loads(inspected.stdout or "[]"):
-        labels = item.get("Config", {}).get("Labels") or {}
-        owner = {k.removeprefix(f"{LABEL}."): v for k, v in labels.items() if k.startswith(f"{LABEL}.")}
-        if not all and (owner.get("host") != host or _owner_alive(owner.get("pid", ""), owner.get("pid_start", ""))):
-            continue
-        found.append(
-            {
-                "id": item["Id"],
-                "name": item.get("Name", "").lstrip("/"),
-                "run": owner.get("run", ""),
-                "host": owner.get("host", ""),
-                "pid": owner.get("pid", ""),
-                "state": item.get("State", {}).get("Status", ""),
-                "created": item.get("Created", ""),
-            }
-        )
-    return sorted(found, key=lambda c: c["created"])
-
-
-def warn_orphans(executables: list[str]) -> None:
-    """One line on stderr when dead runs left containers behind; never a reason to stop this run."""
-    found = 0
-    for executable in dict.fromkeys(executables):
-        try:
-            found += len(find_orphans(executable))
-        except SandboxError:
-            continue
-    if found:
-        print(f"miniswe: warning: {found} container(s) left by dead miniswe runs; remove them with `miniswe cleanup`",
-              file=sys.stderr)
-
-
-def remove_containers(ids: list[str], executable: str = "docker") -> list[str]:
-    """Remove containers by id or name (`rm -f`); returns those removed. Already-gone ones are not an error."""
-    exe = shutil.which(executable)
-    if exe is None or not ids:
-        return []
-    return _remove(exe, ids)
-
-
-def process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks after boot (/proc/PID/stat field 22), or None if it is gone.
-
-    A zombie (killed, not yet reaped by its parent) is gone: it has exited and can clean up nothing.
-    """
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            # the command name (field 2) may hold spaces and parentheses: split after its closing one
-            fields = stat.read().rpartition(")")[2].split()
-        return None if fields[0] in ("Z", "X") else fields[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _owner_alive(pid: str, start: str) -> bool:
-    if not pid.isdigit():
-        return False
-    now = process_start(int(pid))
-    return now is not None and (not start or now == start)
-
-
-def _remove(exe: str, names: list[str]) -> list[str]:
-    """`rm -f`, then wait until the containers are really gone: when `rm -f` races the container's own
-    `--rm` it reports "removal already in progress" and returns before the engine has finished."""
-    try:
-        done = subprocess.run(
-            [exe, "rm", "-f", *names], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60
-        )
-        removed = done.stdout.split()
-        pending = [name for name in names if name not in removed]
-        deadline = time.monotonic() + 15
-        while pending and time.monotonic() < deadline:
-            listed = subprocess.run(
-                [exe, "inspect", "--format", "{{.Id}}", *pending],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
-            )  # fmt: skip
-            if not listed.stdout.strip():
-                break
-            time.sleep(0.1)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return removed
-
-
-def _run_engine(exe: str, *args: str) -> subprocess.CompletedProcess:
-    try:
-        done = subprocess.run(
-            [exe, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=ENGINE_CALL_S
-        )
-    except subprocess.TimeoutExpired:
-        raise SandboxError(f"`{os.path.basename(exe)} {args[0]}` did not answer within {ENGINE_CALL_S:g}s") from None
-    if done.returncode and not done.stdout.strip():
-        raise SandboxError(_engine_problem(os.path.basename(exe), done.stderr))
-    return done
-
-
-def _engine_problem(tool: str, stderr: str) -> str:
-    line = _first_line(stderr)
-    lowered = stderr.lower()
-    if "cannot connect to the docker daemon" in lowered or "cannot connect to podman" in lowered:
-        return f"the {tool} engine is not running ({line}); start it (e.g. .ci/docker-engine start, or dockerd)"
-    if "permission denied" in lowered and ".sock" in lowered:
-        return f"no permission on the {tool} socket ({line}); add your user to the docker group or run as root"
-    return line or f"{tool} failed without a message"
-
-
-def _says_no_such_image(stderr: str) -> bool:
-    lowered = stderr.lower()
-    return "no such image" in lowered or "image not known" in lowered
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            return line.removeprefix("docker: ").removeprefix("Error: ")
-    return ""
-
-
 @atexit.register
 def _remove_live() -> None:
     by_exe: dict[str, list[str]] = {}
@@ -469,4 +333,4 @@ def _remove_live() -> None:
             by_exe.setdefault(exe, []).append(name)
     _LIVE.clear()
     for exe, names in by_exe.items():
-        _remove(exe, names)
+        remove(exe, names)

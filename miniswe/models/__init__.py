@@ -1,26 +1,30 @@
-"""Language models: the Model protocol, what one call returns, and the registry by short name."""
+"""Language models: the Model protocol, the settings every kind shares, what one call returns, and the kinds by name.
+
+A kind is a class with `config_class` (a dataclass extending ModelConfig), built as
+`cls(config, gate=..., stop=..., on_retry=...)`: the call gate it shares with other runs, the Stop that
+may cancel a call, and a callback told of each retry. Built-in kinds are named here; any other is
+given as `package.module:Class`.
+"""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from miniswe.errors import ConfigError
+from miniswe.plugins import config_class, load_kind
+from miniswe.usage import Usage
+
+KINDS = {
+    "openai": "miniswe.models.openai:OpenAIModel",
+    "scripted": "miniswe.models.scripted:ScriptedModel",
+}
 
 
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    cached_tokens: int = 0
-    cost: float = 0.0
-
-    def add(self, other: Usage) -> None:
-        for key, value in asdict(other).items():
-            setattr(self, key, getattr(self, key) + value)
+@dataclass(frozen=True)
+class ModelConfig:
+    kind: str = "openai"  # openai (any OpenAI-compatible endpoint), scripted (replies from a file), or package.module:Class
+    name: str = ""  # model name sent to the endpoint; also -m / MINISWE_MODEL
 
 
 @dataclass
@@ -28,29 +32,25 @@ class Reply:
     content: str
     reasoning: str | None = None
     finish_reason: str | None = None
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage = field(default_factory=lambda: Usage(model_calls=1))
     latency_s: float = 0.0
-    retries: int = 0
+    warnings: list[str] = field(default_factory=list)  # what was wrong with the answer but not fatal (odd usage figures)
 
 
 class Model(Protocol):
-    def complete(self, messages: Sequence[dict[str, str]]) -> Reply:
-        """One chat completion; raises ModelError when the endpoint fails for good."""
+    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
+        """One chat completion. Raises ModelError when the endpoint fails for good, DeadlineReached when
+        `deadline` (time.monotonic) passes first, Cancelled when the run's Stop cuts the call short."""
         ...
 
-    def describe(self) -> dict[str, Any]: ...
-
-
-REGISTRY = {
-    "openai": "miniswe.models.openai:OpenAIModel",
-    "scripted": "miniswe.models.scripted:ScriptedModel",
-}
+    def describe(self) -> dict[str, Any]:
+        """Kind, name and endpoint for the trajectory (no secret values)."""
+        ...
 
 
 def model_class(kind: str) -> type:
-    try:
-        target = REGISTRY[kind]
-    except KeyError:
-        raise ConfigError(f"model.kind: unknown model {kind!r} (available: {', '.join(REGISTRY)})") from None
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return load_kind(kind, KINDS, key="model.kind", what="model")
+
+
+def model_config_class(kind: str) -> type:
+    return config_class(model_class(kind), ModelConfig, key="model.kind")

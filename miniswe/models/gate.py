@@ -1,7 +1,8 @@
 """One gate per endpoint, shared by every client of a batch: a cap on calls in flight and a common pause.
 
 When any client is told to slow down (429, Retry-After), all of them wait out the same pause instead
-of each hammering the endpoint on its own schedule.
+of each hammering the endpoint on its own schedule. Every wait here ends early when the caller's run
+is stopped, and gives up as soon as the caller's deadline would pass first.
 """
 
 from __future__ import annotations
@@ -9,34 +10,33 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+
+from miniswe.errors import Cancelled, DeadlineReached
+from miniswe.signals import Stop
+
+POLL_S = 0.25  # how often a caller queued for a slot looks at its Stop and deadline
 
 
 class CallGate:
-    def __init__(self, max_concurrent: int = 0, on_retry: Callable[[str], None] | None = None):
-        self.on_retry = on_retry  # told of each retry, so a person watching knows why nothing happens
+    def __init__(self, max_concurrent: int = 0):
         self._slots = threading.BoundedSemaphore(max_concurrent) if max_concurrent > 0 else None
         self._lock = threading.Lock()
         self._resume_at = 0.0
-        self.cancelled = threading.Event()
 
     def pause(self, seconds: float) -> None:
         """Hold every caller back for at least `seconds` from now."""
         with self._lock:
             self._resume_at = max(self._resume_at, time.monotonic() + seconds)
 
-    def wait(self, seconds: float) -> bool:
-        """Sleep unless cancelled first; True when cancelled."""
-        return self.cancelled.wait(seconds)
-
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self, stop: Stop, deadline: float | None = None) -> Iterator[None]:
         while True:
-            self._wait_out_pause()
+            self._wait_out_pause(stop, deadline)
             if self._slots is not None:
-                self._slots.acquire()
+                self._acquire(stop, deadline)
             # a pause may have begun while this caller queued for a slot: honour it before calling
-            if self._paused_for() <= 0 or self.cancelled.is_set():
+            if self._paused_for() <= 0:
                 break
             if self._slots is not None:
                 self._slots.release()
@@ -50,7 +50,16 @@ class CallGate:
         with self._lock:
             return self._resume_at - time.monotonic()
 
-    def _wait_out_pause(self) -> None:
+    def _wait_out_pause(self, stop: Stop, deadline: float | None) -> None:
         while (delay := self._paused_for()) > 0:
-            if self.wait(delay):
-                return
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise DeadlineReached(f"time_limit reached: the endpoint asked every caller to wait {delay:.0f}s more")
+            if stop.wait(delay):
+                raise Cancelled("model call cancelled while the endpoint asked to wait")
+
+    def _acquire(self, stop: Stop, deadline: float | None) -> None:
+        while not self._slots.acquire(timeout=POLL_S):
+            if stop.outcome is not None:
+                raise Cancelled("model call cancelled while waiting for a free slot")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise DeadlineReached("time_limit reached while waiting for a free model-call slot")

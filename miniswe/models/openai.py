@@ -1,29 +1,30 @@
 """OpenAI-compatible chat completions over requests: vLLM, llama.cpp, Ollama, OpenRouter and most vendors.
 
-Transient failures (connection errors, timeouts, 408/409/425/429, 5xx, malformed JSON) are retried
-with Fibonacci backoff and jitter, honouring Retry-After; requests the server refuses fail at once.
+Transient failures (connection errors, cut or stalled answers, 408/409/425/429, 5xx, malformed JSON) are
+retried (models/retry.py); requests the server refuses fail at once with the likely fix. A call is bounded
+as a whole, not per read: at its deadline, or when the run is stopped at once, its socket is shut down.
 """
 
 from __future__ import annotations
 
-import email.utils
-import math
 import os
-import random
+import socket
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-import requests
-
 from miniswe import __version__
-from miniswe.config import ModelConfig
-from miniswe.errors import ConfigError, ModelError
-from miniswe.models import Reply, Usage
+from miniswe.errors import Cancelled, ConfigError, DeadlineReached, ModelError
+from miniswe.models import ModelConfig, Reply
 from miniswe.models.gate import CallGate
+from miniswe.models.pricing import PriceSettings, price
+from miniswe.models.retry import RetrySettings, Transient, call_with_retries, parse_retry_after
+from miniswe.signals import Stop
+from miniswe.usage import call_usage
 
 RETRY_STATUSES = {408, 409, 425, 429}
-MAX_RETRY_AFTER = 3600.0
 FIXES = {
     400: "check model.params and the model's context length",
     401: "set {key} to a valid API key",
@@ -32,21 +33,22 @@ FIXES = {
 }
 
 
-def fibonacci_delays(cap: float):
-    a, b = 1.0, 1.0
-    while True:
-        yield min(a, cap)
-        a, b = b, a + b
-
-
-class _Transient(Exception):
-    def __init__(self, message: str, retry_after: float | None = None):
-        super().__init__(message)
-        self.retry_after = retry_after
+@dataclass(frozen=True)
+class OpenAIConfig(PriceSettings, RetrySettings, ModelConfig):
+    kind: str = "openai"
+    base_url: str = ""  # e.g. http://127.0.0.1:8000/v1; also --base-url / OPENAI_BASE_URL
+    api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding the key; no Authorization header when unset
+    temperature: float = 0.0  # sampling temperature
+    params: dict[str, Any] = field(default_factory=dict)  # extra request body fields, e.g. {max_tokens: 4096, top_p: 0.95}
+    timeout: float = field(default=600.0, metadata={"seconds": True})  # seconds one call may take as a whole, answer included; 0 = no limit
+    connect_timeout: float = field(default=10.0, metadata={"seconds": True})  # seconds to connect; 0 = no limit
 
 
 class OpenAIModel:
-    def __init__(self, config: ModelConfig, gate: CallGate | None = None):
+    config_class = OpenAIConfig
+
+    def __init__(self, config: OpenAIConfig, *, gate: CallGate | None = None, stop: Stop | None = None,
+                 on_retry: Callable[[str], None] | None = None, **_: Any):
         if not config.base_url:
             raise ConfigError(
                 "no model endpoint configured: pass --base-url URL (or set OPENAI_BASE_URL) and -m MODEL; "
@@ -54,146 +56,181 @@ class OpenAIModel:
             )
         if not config.name:
             raise ConfigError("no model name: pass -m MODEL (or set model.name / MINISWE_MODEL)")
+        if not config.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"model.base_url: {config.base_url!r} is not an http(s) URL; pass e.g. --base-url http://127.0.0.1:8000/v1")
+        import requests
+
         self.config = config
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self.gate = gate or CallGate()
-        self.session = requests.Session()
+        self.stop = stop or Stop()
+        self.on_retry = on_retry or (lambda message: None)
+        self.session = _session(self._track)
         self.session.headers["User-Agent"] = f"miniswe/{__version__}"
         # Read proxy settings once: with trust_env, requests re-reads the environment and ~/.netrc on every call.
         self.proxies = requests.utils.get_environ_proxies(self.url)
         self.session.trust_env = False
         # ...and so the CA bundle that trust_env would have found, for endpoints behind a corporate CA
         self.session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
-        self.timeouts = (config.connect_timeout or None, config.timeout or None)  # 0 = wait as long as it takes
+        self._connection: Any = None  # the connection of the request in flight, so it can be cut off
+        self._cut_reason: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
 
-    def complete(self, messages: Sequence[dict[str, str]]) -> Reply:
+    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
         body = {
             "model": self.config.name,
             "messages": list(messages),  # role and content only: reasoning is never sent back
             "temperature": self.config.temperature,
             **self.config.params,
         }
-        delays = fibonacci_delays(self.config.max_backoff)
-        retries = 0
-        while True:
-            started = time.monotonic()
-            try:
-                with self.gate.slot():
-                    data = self._post(body)
-                reply = self._reply(data)
-                reply.latency_s = time.monotonic() - started
-                reply.retries = retries
-                return reply
-            except _Transient as error:
-                if retries >= self.config.retries:
-                    raise self._error(f"{error} (gave up after {retries + 1} attempts)", retries) from None
-                delay = next(delays) * random.uniform(1.0, 1.25)
-                if error.retry_after is not None:
-                    self.gate.pause(error.retry_after)
-                    delay = max(delay, error.retry_after)
-                retries += 1
-                if self.gate.on_retry:
-                    self.gate.on_retry(f"{self._scrub(str(error))}; retry {retries} of {self.config.retries} in {delay:.1f}s")
-                if self.gate.wait(delay):
-                    raise self._error("model call cancelled", retries) from None
+        return call_with_retries(lambda: self._attempt(body, deadline), settings=self.config, gate=self.gate,
+                                 stop=self.stop, deadline=deadline, on_retry=self.on_retry, scrub=self._scrub)
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _attempt(self, body: dict[str, Any], run_deadline: float | None) -> Reply:
+        started = time.monotonic()
+        deadline = started + self.config.timeout if self.config.timeout else None
+        own = deadline is not None and (run_deadline is None or deadline < run_deadline)
+        if run_deadline is not None and not own:
+            deadline = run_deadline
+        data = self._post(body, deadline, own)
+        reply = self._reply(data)
+        reply.latency_s = time.monotonic() - started
+        return reply
+
+    def _post(self, body: dict[str, Any], deadline: float | None, own_deadline: bool) -> dict[str, Any]:
+        import requests
+
         headers = {}
         key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        timeouts = (_least(self.config.connect_timeout or None, left), left)
+        self._cut_reason = None
+        watchdog = threading.Timer(left, self._cut, ("deadline",)) if left is not None else None
         try:
-            response = self.session.post(
-                self.url, json=body, headers=headers, proxies=self.proxies, timeout=self.timeouts
-            )
+            with self.stop.cancelling(lambda: self._cut("stop")):
+                if watchdog:
+                    watchdog.daemon = True
+                    watchdog.start()
+                response = self.session.post(self.url, json=body, headers=headers, proxies=self.proxies, timeout=timeouts)
         except requests.exceptions.SSLError as error:
             if "certificate verify failed" not in str(error).lower():
-                raise _Transient(f"TLS with {self.url} failed: {_reason(error)}") from None
-            raise self._error(f"{self.url}: the server's certificate is not trusted; if the endpoint uses a "
-                              "private CA, point REQUESTS_CA_BUNDLE at its certificate", 0) from None
-        except requests.Timeout:
-            raise _Transient(f"{self.url}: no answer within {self.config.timeout:g}s") from None
-        except requests.ConnectionError as error:
-            raise _Transient(f"cannot reach {self.url}: {_reason(error)}") from None
+                raise Transient(f"TLS with {self.url} failed: {_reason(error)}") from None
+            raise ModelError(self._scrub(f"{self.url}: the server's certificate is not trusted; if the endpoint uses a "
+                                         "private CA, point REQUESTS_CA_BUNDLE at its certificate")) from None
+        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema) as error:
+            raise ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url")) from None
+        except requests.RequestException as error:
+            if self._cut_reason == "stop":
+                raise Cancelled("model call cancelled") from None
+            if self._cut_reason == "deadline" or isinstance(error, requests.Timeout):
+                if not own_deadline and deadline is not None:
+                    raise DeadlineReached("time_limit reached during a model call") from None
+                raise Transient(f"{self.url}: no complete answer within {self.config.timeout:g}s") from None
+            if isinstance(error, requests.ConnectionError):
+                raise Transient(f"cannot reach {self.url}: {_reason(error)}") from None
+            raise Transient(f"{self.url}: the answer was cut off ({type(error).__name__})") from None
+        finally:
+            if watchdog:
+                watchdog.cancel()
+            self._connection = None
         if response.status_code in RETRY_STATUSES or response.status_code >= 500:
-            raise _Transient(
+            raise Transient(
                 f"{self.url} answered {response.status_code}: {_server_message(response)}",
-                _retry_after(response.headers.get("Retry-After")),
+                parse_retry_after(response.headers.get("Retry-After")),
             )
         if response.status_code >= 400:
             fix = FIXES.get(response.status_code, "check the request settings").format(key=self.config.api_key_env)
-            raise self._error(f"{self.url} answered {response.status_code}: {_server_message(response)}; {fix}", 0)
+            raise ModelError(self._scrub(f"{self.url} answered {response.status_code}: {_server_message(response)}; {fix}"))
         try:
             data = response.json()
             message = data["choices"][0]["message"]
             if not isinstance(message, dict) or not isinstance(message.get("content"), (str, list, type(None))):
                 raise TypeError("message")
         except (ValueError, KeyError, IndexError, TypeError):
-            raise _Transient(f"{self.url} sent a malformed reply: {response.text[:120]!r}") from None
+            raise Transient(f"{self.url} sent a malformed reply: {response.text[:120]!r}") from None
         return data
+
+    def _track(self, connection: Any) -> None:
+        self._connection = connection
+
+    def _cut(self, reason: str) -> None:
+        """End the request in flight now (signal-safe: a flag and a socket shutdown)."""
+        self._cut_reason = reason
+        sock = getattr(self._connection, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _reply(self, data: dict[str, Any]) -> Reply:
         choice = data["choices"][0]
         message = choice["message"]
         content = message.get("content") or ""
         if isinstance(content, list):  # content parts, as some providers send them: keep the text
-            content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+            content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
         raw = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
-        usage = Usage(
-            prompt_tokens=int(_number(raw.get("prompt_tokens"))),
-            completion_tokens=int(_number(raw.get("completion_tokens"))),
-            cached_tokens=int(_number(details.get("cached_tokens") or raw.get("cached_tokens"))),
-        )
-        usage.total_tokens = int(_number(raw.get("total_tokens")) or usage.prompt_tokens + usage.completion_tokens)
-        cost = _number(raw.get("cost"), None)
-        usage.cost = cost if cost is not None else self._price(usage)
+        cached = details.get("cached_tokens") if details.get("cached_tokens") is not None else raw.get("cached_tokens")
+        usage, refused = call_usage(raw.get("prompt_tokens"), raw.get("completion_tokens"), raw.get("total_tokens"),
+                                    cached, raw.get("cost"), price=lambda u: price(u, self.config.prices))
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         return Reply(
             content=content,
             reasoning=reasoning if isinstance(reasoning, str) else None,
             finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
             usage=usage,
+            warnings=[f"the endpoint reported unusable usage figures, counted as 0: {', '.join(refused)}"] if refused else [],
         )
-
-    def _price(self, usage: Usage) -> float:
-        prices = self.config.prices
-        if not prices:
-            return 0.0
-        uncached = usage.prompt_tokens - usage.cached_tokens
-        cached_price = prices.get("cached", prices.get("prompt", 0.0))
-        return (
-            uncached * prices.get("prompt", 0.0)
-            + usage.cached_tokens * cached_price
-            + usage.completion_tokens * prices.get("completion", 0.0)
-        ) / 1e6
 
     def _scrub(self, message: str) -> str:
         """Servers sometimes echo the key back in their error messages."""
         key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
         return message.replace(key, "***") if key else message
 
-    def _error(self, message: str, retries: int) -> ModelError:
-        error = ModelError(self._scrub(message))
-        error.retries = retries
-        return error
+
+def _session(track: Callable[[Any], None]) -> Any:
+    """A requests Session whose connections are handed to `track` as each request takes one."""
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    def tracking(pool_class: type) -> type:
+        class Pool(pool_class):
+            def _get_conn(self, timeout: float | None = None) -> Any:
+                connection = super()._get_conn(timeout)
+                track(connection)
+                return connection
+
+        return Pool
+
+    pools = {"http": tracking(HTTPConnectionPool), "https": tracking(HTTPSConnectionPool)}
+
+    class Adapter(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = pools
+
+        def proxy_manager_for(self, proxy: str, **kwargs: Any) -> Any:
+            manager = super().proxy_manager_for(proxy, **kwargs)
+            manager.pool_classes_by_scheme = pools
+            return manager
+
+    session = requests.Session()
+    session.mount("http://", Adapter())
+    session.mount("https://", Adapter())
+    return session
 
 
-def _number(value: Any, default: float | None = 0.0) -> float | None:
-    """A usage figure as a number; whatever else a server put there counts as unknown."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        return default
-    return number if math.isfinite(number) else default
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
-def _server_message(response: requests.Response) -> str:
+def _server_message(response: Any) -> str:
     try:
         error = response.json().get("error")
         text = error.get("message") if isinstance(error, dict) else error
@@ -203,24 +240,9 @@ def _server_message(response: requests.Response) -> str:
     return text[:200] + ("..." if len(text) > 200 else "")
 
 
-def _reason(error: requests.ConnectionError) -> str:
+def _reason(error: Exception) -> str:
     text = str(error.args[0] if error.args else error)
     for hint in ("Connection refused", "Name or service not known", "timed out", "Connection reset", "Remote end closed"):
         if hint in text:
             return hint.lower()
     return text[:160]
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a Retry-After header (seconds or an HTTP date); None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, OverflowError):
-            return None
-    # a server asking for more than an hour (or for inf) is not taken literally
-    return min(max(0.0, seconds), MAX_RETRY_AFTER) if seconds == seconds else None

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from miniswe.config import ModelConfig
 from miniswe.errors import ConfigError, ModelError
-from miniswe.models import Reply, Usage
+from miniswe.models import ModelConfig, Reply
+from miniswe.usage import call_usage
+
+
+@dataclass(frozen=True)
+class ScriptedConfig(ModelConfig):
+    kind: str = "scripted"
+    script: str = ""  # YAML/JSON list of replies: strings, or {content, reasoning, finish_reason, usage, cost}
 
 
 def load_script(path: str) -> list[Any]:
@@ -37,7 +44,9 @@ def load_script(path: str) -> list[Any]:
 
 
 class ScriptedModel:
-    def __init__(self, config: ModelConfig, replies: Sequence[Any] | None = None, **_: Any):
+    config_class = ScriptedConfig
+
+    def __init__(self, config: ScriptedConfig, *, replies: Sequence[Any] | None = None, **_: Any):
         if replies is None:
             if not config.script:
                 raise ConfigError("model.script: the scripted model needs a file of replies (model.script=FILE)")
@@ -49,7 +58,7 @@ class ScriptedModel:
     def describe(self) -> dict[str, Any]:
         return {"kind": "scripted", "script": self.source, "replies": len(self.replies)}
 
-    def complete(self, messages: Sequence[dict[str, str]]) -> Reply:
+    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
         if self.calls >= len(self.replies):
             raise ModelError(f"scripted model: no reply left for call {self.calls + 1}; add replies to {self.source}")
         item = self.replies[self.calls]
@@ -57,15 +66,16 @@ class ScriptedModel:
         if isinstance(item, str):
             item = {"content": item}
         content = str(item.get("content") or "")
-        prompt = sum(len(m["content"]) for m in messages) // 4
-        usage = Usage(prompt_tokens=prompt, completion_tokens=len(content) // 4 + 1)
-        for key, value in (item.get("usage") or {}).items():
-            setattr(usage, key, value)
-        usage.total_tokens = usage.total_tokens or usage.prompt_tokens + usage.completion_tokens
-        usage.cost = float(item.get("cost", usage.cost))
+        given = item.get("usage") if isinstance(item.get("usage"), dict) else {}
+        usage, refused = call_usage(
+            given.get("prompt_tokens", sum(len(m["content"]) for m in messages) // 4),
+            given.get("completion_tokens", len(content) // 4 + 1),
+            given.get("total_tokens"), given.get("cached_tokens"), item.get("cost", given.get("cost")),
+        )
         return Reply(
             content=content,
             reasoning=item.get("reasoning"),
             finish_reason=item.get("finish_reason", "stop"),
             usage=usage,
+            warnings=[f"the script's usage figures were refused, counted as 0: {', '.join(refused)}"] if refused else [],
         )

@@ -1,0 +1,100 @@
+"""The flags `run`, `batch`, `demo` and `chat` share, each declared once with the config keys it sets, and the
+config they resolve to: defaults, then -c sources, then flags; $OPENAI_BASE_URL and $MINISWE_MODEL fill
+what is left empty."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Optional
+
+import typer
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # the command's parameter
+    decls: tuple[str, ...]
+    type: type
+    help: str
+    key: str  # the dotted config key the value sets
+    implies: dict[str, Any] = field(default_factory=dict)  # other keys the flag sets with it
+
+
+FLAGS = {
+    flag.name: flag
+    for flag in (
+        Flag("model", ("-m", "--model"), str, "Model name (default: model.name, or $MINISWE_MODEL).", "model.name"),
+        Flag("base_url", ("--base-url",), str,
+             "OpenAI-compatible endpoint (overrides model.base_url; $OPENAI_BASE_URL when neither is set).", "model.base_url"),
+        Flag("step_limit", ("--step-limit",), int, "Model calls per run (0 = unlimited).", "agent.step_limit"),
+        Flag("token_limit", ("--token-limit",), int, "Total tokens per run (0 = unlimited).", "agent.token_limit"),
+        Flag("cost_limit", ("--cost-limit",), float, "USD per run (0 = unlimited).", "agent.cost_limit"),
+        Flag("time_limit", ("--time-limit",), float, "Wall seconds per run (0 = unlimited).", "agent.time_limit"),
+        Flag("image", ("--image",), str, "Docker image (implies --env docker).", "environment.image",
+             {"environment.kind": "docker"}),
+        Flag("env", ("--env",), str, "Environment kind: local, docker, or package.module:Class.", "environment.kind"),
+        Flag("cwd", ("--cwd",), str, "Working directory of the commands.", "environment.cwd"),
+        Flag("script", ("--script",), str, "Use the scripted model with replies from this YAML/JSON file.",
+             "model.script", {"model.kind": "scripted"}),
+    )
+}
+RUN_FLAGS = tuple(FLAGS)
+BATCH_FLAGS = tuple(name for name in FLAGS if name not in ("cwd", "script"))
+
+ConfigOpt = Annotated[list[str], typer.Option("-c", "--config", metavar="FILE|KEY=VALUE",
+                                              help="YAML file or key.path=value; repeatable, merged left to right.")]
+
+
+def with_flags(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the named shared flags to a typer command; the command receives their values as `flags`."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(command, eval_str=True)  # the annotations, resolved in the command's module
+        own = [p for p in signature.parameters.values() if p.name != "flags"]
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation=Annotated[Optional[FLAGS[name].type], typer.Option(*FLAGS[name].decls, help=FLAGS[name].help)])
+            for name in names
+        ]
+
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            given = {name: kwargs.pop(name, None) for name in names}
+            return command(*args, flags=given, **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=own + added)
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + added}
+        del wrapper.__wrapped__  # typer must see the new signature, not the command's own
+        return wrapper
+
+    return decorate
+
+
+def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The config sections the given flags set, applied after every -c source."""
+    sections: dict[str, dict[str, Any]] = {}
+    for name, value in flags.items():
+        if value is None or value == "":
+            continue
+        flag = FLAGS[name]
+        for key, setting in {**flag.implies, flag.key: value}.items():
+            section, _, option = key.partition(".")
+            sections.setdefault(section, {})[option] = setting
+    return sections
+
+
+def resolve_config(sources: list[str], flags: dict[str, Any]) -> Any:
+    """Defaults, then -c sources, then flags. $OPENAI_BASE_URL and $MINISWE_MODEL fill what config leaves
+    empty, for a model kind that has those settings."""
+    from miniswe.config import load_config, override
+
+    config = load_config(*sources, flag_overrides(flags))
+    from_env = {}
+    for key, variable in (("base_url", "OPENAI_BASE_URL"), ("name", "MINISWE_MODEL")):
+        if hasattr(config.model, key) and not getattr(config.model, key) and os.environ.get(variable):
+            from_env[key] = os.environ[variable]
+    return override(config, model=from_env) if from_env else config

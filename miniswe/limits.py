@@ -1,0 +1,47 @@
+"""A run's limits: which one (if any) ends the run now, and how long the next wait may last."""
+
+from __future__ import annotations
+
+import time
+
+from miniswe.status import ExitStatus, Outcome
+from miniswe.templates import number
+from miniswe.usage import Usage
+
+NO_TIMEOUT = 365 * 86400.0  # a command timeout of 0 means none: a year stands in for it
+
+
+class Limits:
+    def __init__(self, agent: object, started: float | None = None):
+        self.agent = agent
+        self.started = time.monotonic() if started is None else started
+
+    @property
+    def deadline(self) -> float | None:
+        """When agent.time_limit runs out (time.monotonic), or None."""
+        return self.started + self.agent.time_limit if self.agent.time_limit else None
+
+    def time_left(self) -> float:
+        deadline = self.deadline
+        return deadline - time.monotonic() if deadline is not None else float("inf")
+
+    def command_timeout(self, timeout: float) -> float:
+        """The command's own timeout, or the run's time left if that is shorter."""
+        return min(timeout or NO_TIMEOUT, self.time_left())
+
+    def reached(self, usage: Usage) -> Outcome | None:
+        """The limit that ends the run before its next model call, if any."""
+        agent = self.agent
+        if agent.step_limit and usage.model_calls >= agent.step_limit:
+            return Outcome(ExitStatus.LIMITS_EXCEEDED, f"step_limit: {agent.step_limit} model calls")
+        if agent.token_limit and usage.total_tokens >= agent.token_limit:
+            return Outcome(ExitStatus.LIMITS_EXCEEDED, f"token_limit: {usage.total_tokens} >= {agent.token_limit} tokens")
+        if agent.cost_limit and usage.cost >= agent.cost_limit:
+            return Outcome(ExitStatus.LIMITS_EXCEEDED, f"cost_limit: ${usage.cost:.4f} >= ${agent.cost_limit:g}")
+        if self.time_left() <= 0:
+            return self.out_of_time()
+        return None
+
+    def out_of_time(self, during: str = "") -> Outcome:
+        where = f" during {during}" if during else ""
+        return Outcome(ExitStatus.TIME_EXCEEDED, f"time_limit of {number(self.agent.time_limit)}s reached{where}")
