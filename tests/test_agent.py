@@ -152,3 +152,72 @@ def test_secret_looking_env_values_are_masked(tmp_path):
     result, data = run(tmp_path, [SUBMIT], "environment.env={GITHUB_TOKEN: s3cr3t, MODE: fast}")
     assert data["config"]["environment"]["env"] == {"GITHUB_TOKEN": "***", "MODE": "fast"}
     assert "s3cr3t" not in json.dumps(data)
+
+
+class FakeEnvironment:
+    """Answers commands from a table; an `interrupt` arriving mid-command is honoured like a real one."""
+
+    def __init__(self, outputs: dict[str, tuple[str, int]], during=None):
+        self.outputs, self.during, self.ran, self.interrupted = outputs, during, [], False
+
+    def execute(self, command, *, timeout):
+        from miniswe.environments import CommandResult
+
+        self.ran.append(command)
+        if self.during:
+            self.during(command)  # what happens while the command runs (a signal, say)
+        output, code = self.outputs.get(command, (f"bash: {command}: command not found\n", 127))
+        if self.interrupted:
+            return CommandResult(output[: len(output) // 2], None, False, 0.5, len(output) // 2, interrupted=True)
+        return CommandResult(output, code, False, 0.01, len(output))
+
+    def interrupt(self):
+        self.interrupted = True
+
+    def close(self):
+        pass
+
+    def describe(self):
+        return {"kind": "fake", "cwd": "/fake"}
+
+
+def drive(tmp_path, replies, env, stop=None):
+    from miniswe.agent import Agent
+    from miniswe.models.scripted import ScriptedModel
+    from miniswe.signals import Stop
+    from miniswe.templates import Renderer
+    from miniswe.trajectory import Trajectory
+
+    config = load_config("model.kind=scripted")
+    trajectory = Trajectory(str(tmp_path / "t.json"), task="t", config={})
+    agent = Agent(config, ScriptedModel(config.model, replies=replies), env, trajectory, renderer=Renderer(),
+                  stop=stop or Stop())
+    return agent.run("fix the parser"), trajectory
+
+
+def test_the_loop_over_a_fake_environment(tmp_path):
+    env = FakeEnvironment({"ls": ("parse.py\n", 0), "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && printf 'the patch'":
+                           ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\nthe patch", 0)})
+    outcome, trajectory = drive(tmp_path, [act("ls"), act("make"), "no block", SUBMIT], env)
+    assert outcome.status is ExitStatus.SUBMITTED and outcome.submission == "the patch"
+    assert env.ran == ["ls", "make", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && printf 'the patch'"]
+    assert [(s.command, s.returncode, s.format_error) for s in trajectory.steps] == [
+        ("ls", 0, None), ("make", 127, None), (None, None, "no_action"), (env.ran[-1], 0, None)]
+    observations = [m.content for m in trajectory.messages if m.role == "user"][1:]
+    assert "<returncode>127</returncode>" in observations[1] and "command not found" in observations[1]
+    assert "You are in /fake." in trajectory.messages[1].content, "the environment's cwd reaches the prompt"
+    assert trajectory.usage.model_calls == 4 and json.loads((tmp_path / "t.json").read_text())["steps"]
+
+
+def test_a_stop_mid_command_records_the_step_with_its_partial_output(tmp_path):
+    from miniswe.signals import Stop
+    from miniswe.status import interrupted
+
+    stop = Stop()
+    env = FakeEnvironment({"make": ("compiling a\ncompiling b\n", 0)},
+                          during=lambda command: stop.request(interrupted("SIGTERM"), urgent=True))
+    outcome, trajectory = drive(tmp_path, [act("make"), SUBMIT], env, stop)
+    assert outcome == interrupted("SIGTERM")
+    step, = trajectory.steps
+    assert step.aborted == "SIGTERM" and step.returncode is None and step.output == "compiling a\n"
+    assert env.ran == ["make"], "no step after the stop"

@@ -1,5 +1,7 @@
 """Config loading: defaults, merge order, typed values, and errors that name the source, key and fix."""
 
+import re
+
 import pytest
 
 from miniswe.config import load_config
@@ -67,18 +69,43 @@ def test_file_errors_name_the_file_and_line(tmp_path):
         load_config(str(tmp_path / "missing.yaml"))
 
 
-def test_default_yaml_documents_every_key():
-    import typing
-    from dataclasses import fields
+def default_yaml() -> tuple[dict, dict[tuple[str, str], dict]]:
+    """config/default.yaml's live settings, and each other kind's commented block ("# kind: X adds") by (section, kind)."""
+    import yaml
 
-    from miniswe.config import Config, default_config_path
+    from miniswe.config import default_config_path
 
-    lines = [line.strip() for line in open(default_config_path())]
-    for section, cls in typing.get_type_hints(Config).items():
-        for key in fields(cls):
-            line = next((ln for ln in lines if ln.startswith(f"{key.name}:")), None)
-            assert line is not None, f"{section}.{key.name} missing from default.yaml"
-            assert "#" in line, f"{section}.{key.name} has no comment in default.yaml"
+    text = open(default_config_path()).read()
+    blocks: dict[tuple[str, str], dict] = {}
+    section = None
+    for match in re.finditer(r"^(\w+):$|^  # kind: (\S+) adds\n((?:  #   .*\n)+)", text, re.M):
+        if match[1]:
+            section = match[1]
+        else:
+            body = "".join(line[len("  #   "):] + "\n" for line in match[3].splitlines())
+            blocks[(section, match[2])] = yaml.safe_load(body)
+    return yaml.safe_load(text), blocks
+
+
+def test_default_yaml_is_the_settings_dataclasses_with_a_comment_per_key():
+    from dataclasses import asdict, fields
+
+    from miniswe.config import PLUGGABLE, Config
+
+    live, blocks = default_yaml()
+    assert live == asdict(Config()), "default.yaml's values are the dataclasses' defaults"
+    for section, (base, settings_class, builtins) in PLUGGABLE.items():
+        default_kind = getattr(Config(), section).kind
+        for kind in builtins:
+            cls = settings_class(kind)
+            if kind == default_kind:
+                continue
+            own = {f.name for f in fields(cls)} - {f.name for f in fields(base)}
+            assert blocks[(section, kind)] == {k: v for k, v in asdict(cls()).items() if k in own}, f"{section} kind {kind}"
+    text = open(__import__("miniswe.config", fromlist=["x"]).default_config_path()).read()
+    for line in text.splitlines():
+        if re.match(r"^  (#   )?\w+: ", line):
+            assert "  # " in line.split(":", 1)[1], f"no comment: {line}"
 
 
 def test_an_image_with_the_local_environment_is_refused():

@@ -38,13 +38,20 @@ def test_every_command_is_documented_with_exactly_its_options():
 
 
 def test_every_config_key_is_in_the_readme_table():
-    import typing
     from dataclasses import fields
 
-    from miniswe.config import Config
+    from miniswe.config import FIXED, PLUGGABLE
 
-    text = readme()
-    for section, cls in typing.get_type_hints(Config).items():
-        row = next(line for line in text.splitlines() if line.startswith(f"| `{section}` |"))
+    rows = {tuple(cell.strip(" `") for cell in line.split("|")[1:3]): line
+            for line in readme().splitlines() if line.startswith("| `") and line.count("|") == 4}
+    for section, cls in FIXED.items():
         for key in fields(cls):
-            assert f"`{key.name}`" in row, f"{section}.{key.name} missing from the README's config table"
+            assert f"`{key.name}`" in rows[(section, "")], f"{section}.{key.name} missing from the README's config table"
+    for section, (base, settings_class, builtins) in PLUGGABLE.items():
+        shared = {f.name for f in fields(base)}
+        for key in shared:
+            assert f"`{key}`" in rows[(section, "every kind")], f"{section}.{key} missing from the README's config table"
+        for kind in builtins:
+            own = [f.name for f in fields(settings_class(kind)) if f.name not in shared]
+            for key in own:
+                assert f"`{key}`" in rows[(section, kind)], f"{section}.{key} ({kind}) missing from the README's config table"
