@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 from miniswe import __version__
 from miniswe.errors import Cancelled, ConfigError, DeadlineReached, ModelError
 from miniswe.models import ModelConfig, Reply
+from miniswe.models.deadline import Watchdog
 from miniswe.models.gate import CallGate
 from miniswe.models.pricing import PriceSettings, price
 from miniswe.models.retry import RetrySettings, Transient, call_with_retries, parse_retry_after
@@ -74,6 +74,7 @@ class OpenAIModel:
         self.session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
         self._connection: Any = None  # the connection of the request in flight, so it can be cut off
         self._cut_reason: str | None = None
+        self._watchdog = Watchdog(self._cut)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
@@ -109,12 +110,10 @@ class OpenAIModel:
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         timeouts = (_least(self.config.connect_timeout or None, left), left)
         self._cut_reason = None
-        watchdog = threading.Timer(left, self._cut, ("deadline",)) if left is not None else None
         try:
-            with self.stop.cancelling(lambda: self._cut("stop")):
-                if watchdog:
-                    watchdog.daemon = True
-                    watchdog.start()
+            with self.stop.cancelling(self._cancel):
+                if deadline is not None:
+                    self._watchdog.arm(deadline)
                 response = self.session.post(self.url, json=body, headers=headers, proxies=self.proxies, timeout=timeouts)
         except requests.exceptions.SSLError as error:
             if "certificate verify failed" not in str(error).lower():
@@ -134,8 +133,7 @@ class OpenAIModel:
                 raise Transient(f"cannot reach {self.url}: {_reason(error)}") from None
             raise Transient(f"{self.url}: the answer was cut off ({type(error).__name__})") from None
         finally:
-            if watchdog:
-                watchdog.cancel()
+            self._watchdog.disarm()
             self._connection = None
         if response.status_code in RETRY_STATUSES or response.status_code >= 500:
             raise Transient(
@@ -157,7 +155,10 @@ class OpenAIModel:
     def _track(self, connection: Any) -> None:
         self._connection = connection
 
-    def _cut(self, reason: str) -> None:
+    def _cancel(self) -> None:
+        self._cut("stop")
+
+    def _cut(self, reason: str = "deadline") -> None:
         """End the request in flight now (signal-safe: a flag and a socket shutdown)."""
         self._cut_reason = reason
         sock = getattr(self._connection, "sock", None)
