@@ -109,7 +109,7 @@ class Agent:
 
     def _aborted(self, result: CommandResult) -> str | None:
         if result.sandbox_error:
-            return "SandboxError"
+            return str(ExitStatus.SANDBOX_ERROR)
         if not result.interrupted:
             return None
         stop = self.stop.outcome

@@ -53,17 +53,13 @@ class Outcome:
 
 
 def is_agent_outcome(status: str | ExitStatus | None) -> bool:
-    """The agent decided how the run ended; anything else ended without a verdict, and a resumed batch reruns it."""
-    return status in _AGENT_VALUES
+    """The agent decided how the run ended; anything else ended without a verdict, and a resumed batch reruns it.
+    (A status read from JSON is a plain string; a str Enum member hashes and compares like its value.)"""
+    return status in AGENT_OUTCOMES
 
 
 def is_infra_failure(status: str | ExitStatus | None) -> bool:
-    return status in _INFRA_VALUES
-
-
-# an Enum hashes by its name, not its value: hold both forms so a status read from JSON matches too
-_AGENT_VALUES = {str(s) for s in AGENT_OUTCOMES} | set(AGENT_OUTCOMES)
-_INFRA_VALUES = {str(s) for s in INFRA_FAILURES} | set(INFRA_FAILURES)
+    return status in INFRA_FAILURES
 
 
 def interrupted(signal_name: str) -> Outcome:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniswe.batch.files import now, write_atomic
-from miniswe.status import is_agent_outcome
+from miniswe.status import ExitStatus, is_agent_outcome
 from miniswe.trajectory import Trajectory
 
 LEDGER = "results.jsonl"
@@ -55,7 +55,7 @@ class LedgerRecord:
         usage = trajectory.usage
         detail = outcome.detail if outcome else None
         return cls(
-            id=task_id, exit_status=str(outcome.status) if outcome else "Error",
+            id=task_id, exit_status=str(outcome.status if outcome else ExitStatus.ERROR),
             exit_detail=detail[-DETAIL_CHARS:] if isinstance(detail, str) else detail,
             resolved=trajectory.resolved, has_eval=has_eval, steps=len(trajectory.steps), model_calls=usage.model_calls,
             tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, TextIO
 
 from miniswe.batch.ledger import LedgerRecord
-from miniswe.status import is_infra_failure
+from miniswe.status import ExitStatus, is_infra_failure
 
 MAX_RUNNING_ROWS = 12
 
@@ -114,7 +114,7 @@ class RichProgress:
         from rich.markup import escape
 
         status = record.exit_status
-        style = "green" if status == "Submitted" else "red" if is_infra_failure(status) else "yellow"
+        style = "green" if status == ExitStatus.SUBMITTED else "red" if is_infra_failure(status) else "yellow"
 
         self.console.print(f"[{style}]{escape(task_line(record, state))}[/]")
 

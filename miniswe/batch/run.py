@@ -32,7 +32,7 @@ from miniswe.environments import check_environment
 from miniswe.redaction import masked_config
 from miniswe.runner import build_model
 from miniswe.signals import Stop
-from miniswe.status import batch_exit_code
+from miniswe.status import ExitStatus, batch_exit_code
 from miniswe.templates import Renderer, prompt_variables
 
 
@@ -203,7 +203,7 @@ def redo_ids(redo: str | None, ids: list[str], records: dict[str, LedgerRecord])
     if redo == "all":
         return set(ids)
     if redo == "failed":  # the agent's own failures: not submitted, or submitted but not resolved
-        return {i for i in ids if i in records and not (records[i].exit_status == "Submitted" and records[i].resolved is not False)}
+        return {i for i in ids if i in records and not (records[i].exit_status == ExitStatus.SUBMITTED and records[i].resolved is not False)}
     wanted = [i.strip() for i in redo.split(",") if i.strip()]
     for task_id in wanted:
         if task_id not in ids:

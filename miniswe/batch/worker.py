@@ -9,17 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from miniswe.batch.files import now
-from miniswe.batch.ledger import LedgerRecord
+from miniswe.batch.ledger import DETAIL_CHARS, LedgerRecord
 from miniswe.batch.plan import Plan, trajectory_name
 from miniswe.models.gate import CallGate
 from miniswe.runner import new_run_id, run_task
 from miniswe.signals import Stop
-from miniswe.status import ExitStatus, Outcome
+from miniswe.status import outcome_of
 from miniswe.templates import Renderer
 from miniswe.trajectory import Step, close_unfinished
 
@@ -83,11 +82,11 @@ def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord
             gate=services.gate_for(getattr(plan.config.model, "base_url", "")), stop=services.stop, observers=[on_step],
         )
         return record(result.trajectory)
-    except Exception:  # a bug outside run_task's own guard, or a trajectory that cannot be written
-        detail = traceback.format_exc()
-        trajectory = close_unfinished(plan.trajectory, Outcome(ExitStatus.ERROR, detail)) if ran else None
+    except Exception as error:  # a bug outside run_task's own guard, or a trajectory that cannot be written
+        outcome = outcome_of(error)
+        trajectory = close_unfinished(plan.trajectory, outcome) if ran else None
         if trajectory is not None:
             return record(trajectory)
-        return LedgerRecord(plan.id, str(ExitStatus.ERROR), detail[-4000:], has_eval=bool(plan.task.evaluate),
+        return LedgerRecord(plan.id, str(outcome.status), (outcome.detail or "")[-DETAIL_CHARS:], has_eval=bool(plan.task.evaluate),
                             trajectory=trajectory_name(plan.id), model=plan.config.model.name or plan.config.model.kind,
                             attempt=attempt, started=started, ended=now(), wall_s=round(time.monotonic() - clock, 3))
