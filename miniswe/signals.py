@@ -93,7 +93,8 @@ def _quietly(cancel: Callable[[], None]) -> None:
 
 
 class SignalHandlers:
-    """SIGINT, SIGTERM and SIGHUP become stop requests while this context is active (main thread only).
+    """SIGINT, SIGTERM and SIGHUP become stop requests while this context is active (main thread only),
+    unless the process was started with one ignored (`nohup` ignores SIGHUP, a background job SIGINT).
 
     `run` stops at once on the first signal (`first_urgent`); a batch stops gracefully on the first and at
     once on the second. A third signal, for a process stuck somewhere no canceller reaches, raises
@@ -114,7 +115,10 @@ class SignalHandlers:
     def __enter__(self) -> SignalHandlers:
         if threading.current_thread() is threading.main_thread():
             for number in STOP_SIGNALS.values():
-                self._previous[number] = signal.getsignal(number)
+                previous = signal.getsignal(number)
+                if previous is signal.SIG_IGN:
+                    continue  # ignored by whoever started us (nohup, a background job): that is their choice
+                self._previous[number] = previous
                 signal.signal(number, self._handle)
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,49 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# A child started from a shell that ignores SIGINT (`cmd &` in a script, nohup, some CI runners) would
+# inherit the ignored disposition; tests that signal their children give them the default back first.
+DEFAULT_SIGINT = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execv(sys.argv[1], sys.argv[1:])"]
+
+
 def miniswe_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "miniswe", *args]
+    return [*DEFAULT_SIGINT, sys.executable, "-m", "miniswe", *args]
+
+
+def python_cmd(code: str) -> list[str]:
+    return [*DEFAULT_SIGINT, sys.executable, "-c", code]
+
+
+def read_line(stream, timeout: float = 20) -> str:
+    """The next line of a child's pipe, or an AssertionError after `timeout`: no test waits without a deadline."""
+    import select
+
+    deadline = time.monotonic() + timeout
+    line = b""
+    fd = stream.fileno()
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"no line from the child within {timeout}s (got {line!r})")
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line.decode()
+
+
+def pids_alive(pids) -> list[int]:
+    """Those of `pids` still running (a zombie counts as dead)."""
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rpartition(")")[2].split()[0] != "Z":
+                    alive.append(pid)
+        except OSError:
+            pass
+    return alive
 
 
 @pytest.fixture

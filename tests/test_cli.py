@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd
+from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd, pids_alive
 
 SENTINEL = "sk-sentinel-9f8e7d6c5b4a"
 
@@ -175,11 +175,20 @@ def test_task_file_and_cwd(cli, server, tmp_path):
     assert data["task"] == "Task from a file" and data["steps"][0]["output"] == f"{tmp_path / 'work'}\n"
 
 
+def start_run_args(server, tmp_path, *extra):
+    return miniswe_cmd("run", "x", *endpoint(server), "-o", "t.json", *extra)
+
+
 def start_run(server, tmp_path, *extra):
-    return subprocess.Popen(
-        miniswe_cmd("run", "x", *endpoint(server), "-o", "t.json", *extra), cwd=tmp_path, env=clean_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    return subprocess.Popen(start_run_args(server, tmp_path, *extra), cwd=tmp_path, env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {timeout}s"
+        time.sleep(0.02)
 
 
 def wait_for_steps(tmp_path, count, timeout=20):
@@ -208,20 +217,57 @@ def test_kill_9_mid_run_leaves_a_valid_trajectory(server, tmp_path):
     assert data["steps"][4]["output"] == "echo step 4\n".removeprefix("echo ")
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_signals_end_the_run_as_interrupted(server, tmp_path, sig, code):
-    server.push(act("echo first"), act("sleep 60 & wait"), SUBMIT)
+    pids = tmp_path / "pids"
+    server.push(act("echo first"), act(f"echo partial; setsid sleep 60 & echo $! > {pids}; wait"), SUBMIT)
     proc = start_run(server, tmp_path)
     wait_for_steps(tmp_path, 1)
-    time.sleep(0.3)  # let the second command start
+    wait_for(lambda: pids.exists() and pids.read_text().strip())
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=10)
     assert proc.returncode == code, err
     data = traj(tmp_path)
     assert data["exit_status"] == "Interrupted" and data["exit_detail"] == sig.name
     cut = data["steps"][-1]
-    assert cut["command"] == "sleep 60 & wait" and cut["aborted"] == sig.name and cut["returncode"] is None
-    assert subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True).returncode == 1, "command outlived the run"
+    assert cut["aborted"] == sig.name and cut["returncode"] is None and cut["output"] == "partial\n"
+    assert pids_alive([int(pids.read_text())]) == [], "the command's processes outlived the run"
+
+
+def test_a_signal_while_the_model_thinks_ends_the_run_at_once(server, tmp_path):
+    server.push(act("echo first"), {"stall": 30, "content": SUBMIT})
+    proc = start_run(server, tmp_path)
+    wait_for_steps(tmp_path, 1)
+    wait_for(lambda: len(server.requests) == 2)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and time.monotonic() - signalled < 3, err
+    data = traj(tmp_path)
+    assert data["exit_status"] == "Interrupted" and data["exit_detail"] == "SIGINT" and len(data["steps"]) == 1
+
+
+def test_kill_9_of_a_run_leaves_no_command_running(server, tmp_path):
+    pids = tmp_path / "pids"
+    server.push(act(f"setsid sleep 61 & echo $! >> {pids}; echo $$ >> {pids}; sleep 62"))
+    proc = start_run(server, tmp_path)
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+    started = [int(pid) for pid in pids.read_text().split()]
+    proc.kill()
+    proc.communicate(timeout=10)
+    wait_for(lambda: not pids_alive(started), timeout=3)
+    assert traj(tmp_path)["exit_status"] is None, "kill -9: nothing could record an end"
+
+
+def test_nohup_keeps_a_run_going_when_its_terminal_hangs_up(server, tmp_path):
+    server.push(act("sleep 1"), SUBMIT)
+    proc = subprocess.Popen(["nohup", *start_run_args(server, tmp_path)], cwd=tmp_path, env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(server.requests) == 1)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert traj(tmp_path)["exit_status"] == "Submitted"
 
 
 def test_python_dash_m_help():

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from conftest import pids_alive, python_cmd, read_line
 from miniswe.environments.local import LocalConfig, LocalEnvironment
 from miniswe.errors import SandboxError
 
@@ -125,14 +126,14 @@ def test_interrupt_during_a_command_kills_it(tmp_path):
             print("interrupted", flush=True)
         """
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline() == "ready\n"
+    proc = subprocess.Popen(python_cmd(script), stdout=subprocess.PIPE)
+    assert read_line(proc.stdout) == "ready\n"
     deadline = time.monotonic() + 5
     while not pidfile.exists() or not pidfile.read_text().strip():
         assert time.monotonic() < deadline
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
-    assert proc.stdout.readline() == "interrupted\n"
+    assert read_line(proc.stdout) == "interrupted\n"
     proc.wait(timeout=5)
     time.sleep(0.1)
     assert not alive(int(pidfile.read_text()))
@@ -143,3 +144,100 @@ def test_an_escaped_process_that_keeps_printing_does_not_hold_the_step(env):
     result = env.execute("setsid bash -c 'for i in $(seq 1 500); do echo tick; sleep 0.01; done' & sleep 0.2; echo started", timeout=30)
     assert time.monotonic() - started < 2
     assert result.returncode == 0 and "started" in result.output
+
+
+@pytest.mark.parametrize("detach", ["exec >/dev/null 2>&1", "exec 1>&- 2>&-"], ids=["redirected", "closed"])
+def test_output_ending_early_does_not_end_the_wait_for_the_exit(env, detach):
+    started = time.monotonic()
+    result = env.execute(f"echo before; {detach}; sleep 20", timeout=1)
+    assert time.monotonic() - started < 4, "the timeout still bounds a command whose output ended"
+    assert result.timed_out and result.returncode is None and result.output == "before\n"
+
+
+ESCAPES = {
+    "job control": "set -m; sleep 300 & echo $! >> {pids}",
+    "new session": "setsid sleep 300 & echo $! >> {pids}",
+    "double fork": "(sleep 300 & echo $! >> {pids}) ",
+    "nohup and disown": "nohup sleep 300 >/dev/null 2>&1 & echo $! >> {pids}; disown",
+    "own group from python": "python3 -c 'import os, time; os.setpgid(0, 0); os.fork() or time.sleep(300)' & "
+                             "sleep 0.3; pgrep -f 'time.sleep.300' >> {pids}",
+}
+
+
+@pytest.mark.parametrize("escape", list(ESCAPES), ids=list(ESCAPES))
+def test_nothing_a_command_started_outlives_its_step(env, tmp_path, escape):
+    pids = tmp_path / "pids"
+    result = env.execute(ESCAPES[escape].format(pids=pids) + "; echo started", timeout=10)
+    assert result.returncode == 0 and "started" in result.output
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert started, "the test's command recorded no pid"
+    deadline = time.monotonic() + 2
+    while pids_alive(started) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pids_alive(started) == [], f"{escape}: still running after the step"
+
+
+def test_kill_9_of_miniswe_leaves_no_command_running(tmp_path):
+    pids = tmp_path / "pids"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from miniswe.environments.local import LocalConfig, LocalEnvironment
+        env = LocalEnvironment(LocalConfig(cwd={str(tmp_path)!r}))
+        print("ready", flush=True)
+        env.execute("setsid sleep 301 & echo $! >> {pids}; set -m; sleep 302 & echo $! >> {pids}; "
+                    "echo $$ >> {pids}; sleep 303", timeout=600)
+        """
+    )
+    proc = subprocess.Popen(python_cmd(script), stdout=subprocess.PIPE)
+    assert read_line(proc.stdout) == "ready\n"
+    deadline = time.monotonic() + 10
+    while len(pids.read_text().split() if pids.exists() else []) < 3:
+        assert time.monotonic() < deadline, "the command did not start"
+        time.sleep(0.02)
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert len(pids_alive(started)) == 3
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 3
+    while pids_alive(started) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pids_alive(started) == [], "miniswe's death left its command's processes running"
+
+
+def test_a_spawner_killed_from_outside_ends_the_step_as_a_sandbox_failure(env, tmp_path):
+    import threading
+
+    from miniswe.environments.spawner import children
+
+    def kill_the_spawner():
+        time.sleep(0.5)
+        spawners = [pid for pid in children(os.getpid())
+                    if "spawner.py" in open(f"/proc/{pid}/cmdline").read()]
+        os.kill(spawners[-1], signal.SIGKILL)
+
+    threading.Thread(target=kill_the_spawner).start()
+    started = time.monotonic()
+    result = env.execute("echo working; sleep 30", timeout=60)
+    assert time.monotonic() - started < 5
+    assert "spawner" in result.sandbox_error and "killed from outside" in result.sandbox_error
+    assert result.output == "working\n" and result.returncode is None
+    assert env.execute("echo fresh", timeout=10).output == "fresh\n", "a new spawner serves the next command"
+
+
+def test_interrupt_from_another_thread_returns_the_partial_output(env):
+    import threading
+
+    threading.Timer(0.5, env.interrupt).start()
+    started = time.monotonic()
+    result = env.execute("echo half; sleep 30; echo never", timeout=60)
+    assert time.monotonic() - started < 5
+    assert result.interrupted and result.returncode is None and result.output == "half\n"
+    assert env.execute("echo next", timeout=10).output == "next\n", "an interrupt ends only the command it hit"
+
+
+def test_capture_limit_0_keeps_everything(tmp_path):
+    env = LocalEnvironment(LocalConfig(cwd=str(tmp_path), capture_limit=0))
+    result = env.execute("head -c 3000000 /dev/zero | tr '\\0' x", timeout=30)
+    assert result.output_chars == 3_000_000 and len(result.output) == 3_000_000 and result.elided_chars == 0

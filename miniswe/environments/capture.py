@@ -10,6 +10,7 @@ import select
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from miniswe.environments import CommandResult
 
@@ -18,12 +19,15 @@ CHUNK = 1 << 16
 # most, so a process that escaped the group (setsid) and keeps printing cannot hold the step open.
 DRAIN_QUIET_S = 0.05
 DRAIN_MAX_S = 0.5
+KILLED_WAIT_S = 5.0  # a SIGKILLed process ends at once; this only bounds a kernel that holds it (D state)
 
 
 class BoundedBuffer:
-    """Keeps the first and last `limit // 2` bytes of a stream and the total size."""
+    """Keeps the first and last `limit // 2` bytes of a stream and the total size; all of it for limit 0."""
 
     def __init__(self, limit: int):
+        if limit <= 0:
+            limit = 1 << 62  # 0 means unlimited, as everywhere else in the config
         self.head_limit = limit // 2
         self.tail_limit = limit - self.head_limit
         self.head = bytearray()
@@ -56,6 +60,63 @@ class BoundedBuffer:
         return head + notice + tail, len(head) + elided + len(tail), elided
 
 
+class ExitWatch(Protocol):
+    """How the capture learns that the command ended: an fd that turns readable then, and its return code."""
+
+    def fileno(self) -> int: ...
+
+    def poll(self) -> int | None:
+        """The return code once the command has ended (negative: killed by that signal), else None."""
+        ...
+
+
+def capture(
+    fd: int,
+    ended: ExitWatch,
+    *,
+    timeout: float,
+    limit: int,
+    kill: Callable[[], None],
+    started: float | None = None,
+) -> CommandResult:
+    """Read the pipe `fd` until the command ends or `timeout` passes, then call `kill` for leftovers.
+
+    The step ends when the command itself exits, whatever holds the pipe: waiting for EOF would hang on
+    `server &`. And output ending early (`exec >log`) does not end it either: the wait for the exit keeps
+    its deadline. `kill` is called on timeout and after a normal exit, so nothing the command started
+    outlives the step. Every wait here has a deadline.
+    """
+    started = time.monotonic() if started is None else started
+    deadline = started + timeout
+    buffer = BoundedBuffer(limit)
+    os.set_blocking(fd, False)
+    timed_out = eof = False
+    code = None
+    try:
+        while (code := ended.poll()) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            # checked even while output flows: an escaped process may keep the pipe busy after the shell exits
+            ready, _, _ = select.select([ended] if eof else [fd, ended], [], [],
+                                        min(remaining, getattr(ended, "poll_interval", remaining)))
+            if fd in ready:
+                eof = _read_available(fd, buffer)
+        kill()
+        if timed_out:
+            _await(ended, KILLED_WAIT_S)
+        if not eof:
+            _drain(fd, buffer)
+    except BaseException:
+        kill()  # whatever ends the wait early must not leave the command running
+        _await(ended, KILLED_WAIT_S)
+        raise
+    finally:
+        os.close(fd)
+    return _result(buffer, None if timed_out else code, timed_out, started)
+
+
 def run_captured(
     proc: subprocess.Popen,
     *,
@@ -64,51 +125,45 @@ def run_captured(
     kill: Callable[[], None],
     started: float | None = None,
 ) -> CommandResult:
-    """Read `proc.stdout` until the process exits or `timeout` passes, then call `kill` for leftovers.
-
-    The step ends when the process itself exits, even if a background child still holds the pipe:
-    waiting for EOF would hang on `server &`. `kill` is called on timeout and after a normal exit,
-    so nothing the command started outlives the step.
-    """
-    started = time.monotonic() if started is None else started
-    deadline = started + timeout
-    buffer = BoundedBuffer(limit)
-    fd = proc.stdout.fileno()
-    os.set_blocking(fd, False)
-    watch = _exit_watcher(proc.pid)
-    timed_out = False
-    eof = False
+    """`capture` for a child process started with `stdout=PIPE` (stderr merged into it)."""
+    watch = _PopenExit(proc)
     try:
-        while not eof:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            waiting = [fd] if watch is None else [fd, watch]
-            ready, _, _ = select.select(waiting, [], [], min(remaining, 0.05 if watch is None else remaining))
-            if fd in ready:
-                eof = _read_available(fd, buffer)
-            # checked even while output flows: an escaped process may keep the pipe busy after the shell exits
-            exited = watch in ready if watch is not None else proc.poll() is not None
-            if exited and not eof:
-                break
-        if timed_out:
-            kill()
-            proc.wait()
-        else:
-            proc.wait()
-            kill()
-        if not eof:
-            _drain(fd, buffer)
-    except BaseException:
-        kill()  # whatever ends the wait early must not leave the command running
-        proc.wait()
-        raise
+        return capture(os.dup(proc.stdout.fileno()), watch, timeout=timeout, limit=limit, kill=kill, started=started)
     finally:
-        if watch is not None:
-            os.close(watch)
+        watch.close()
         proc.stdout.close()
-    return _result(buffer, None if timed_out else proc.returncode, timed_out, started)
+
+
+class _PopenExit:
+    """A Popen's end, through a pidfd (readable when the process exits), or a pipe that never turns
+    readable plus polling where pidfds are missing."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        try:
+            self._fd = os.pidfd_open(proc.pid)
+            self._spare = None
+        except (AttributeError, OSError):
+            self._spare = os.pipe()
+            self._fd = self._spare[0]
+            self.poll_interval = 0.05  # no pidfd: nothing wakes select at the exit, so look often
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def close(self) -> None:
+        for fd in self._spare or (self._fd,):
+            os.close(fd)
+
+
+def _await(ended: ExitWatch, seconds: float) -> None:
+    """Wait up to `seconds` for a killed command to end (it does at once, unless the kernel holds it)."""
+    deadline = time.monotonic() + seconds
+    while ended.poll() is None and (left := deadline - time.monotonic()) > 0:
+        select.select([ended], [], [], left)
 
 
 def _result(buffer: BoundedBuffer, returncode: int | None, timed_out: bool, started: float) -> CommandResult:
@@ -144,9 +199,3 @@ def _drain(fd: int, buffer: BoundedBuffer) -> None:
             return
 
 
-def _exit_watcher(pid: int) -> int | None:
-    """A pidfd that turns readable when the process exits, so select wakes without polling."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None

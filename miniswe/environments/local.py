@@ -1,18 +1,22 @@
-"""Commands on this machine: a fresh `bash -c` per command, in its own session and process group."""
+"""Commands on this machine: a fresh `bash -c` per command, in its own session, started by this environment's
+spawner (environments/spawner.py), so that nothing a command starts outlives its step or miniswe."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from miniswe.environments import CommandResult, EnvironmentConfig
-from miniswe.environments.capture import run_captured
+from miniswe.environments.capture import capture
+from miniswe.environments.spawner import kill_descendants
 from miniswe.errors import SandboxError
 
 # Tools that page, draw progress bars or prompt would stall or flood a non-interactive step.
@@ -23,6 +27,8 @@ QUIET_ENV = {
     "PIP_PROGRESS_BAR": "off",
     "TQDM_DISABLE": "1",
 }
+SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawner.py")
+ANSWER_S = 10.0  # how long the spawner may take to start a command or to end
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,8 @@ class LocalEnvironment:
         # variables commands must not inherit (the API key): they are miniswe's, not the task's
         inherited = {k: v for k, v in os.environ.items() if k not in hidden_env}
         self.env = {**inherited, **QUIET_ENV, **{k: str(v) for k, v in config.env.items()}}
-        self._running: subprocess.Popen | None = None
+        self._spawner: Spawner | None = None
+        self._pid: int | None = None  # the running command (its session's leader)
         self._executing = False
         self._interrupt_pending = False
 
@@ -50,27 +57,22 @@ class LocalEnvironment:
         self._interrupt_pending = False
         self._executing = True
         try:
-            try:
-                proc = subprocess.Popen(
-                    ["bash", "-c", command],
-                    cwd=self.cwd,
-                    env=self.env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as error:
-                raise SandboxError(f"cannot start bash in {self.cwd}: {error.strerror}") from error
-            self._running = proc
+            if not os.path.isdir(self.cwd):
+                raise SandboxError(f"the working directory {self.cwd} is gone (a command removed it?); "
+                                   "the run cannot go on there")
+            if self._spawner is None or not self._spawner.alive():
+                self._spawner = Spawner(self.env, self.cwd)
+            spawner = self._spawner
+            output, self._pid = spawner.start(command)
             if self._interrupt_pending:  # asked to stop before the command had a pid to kill
-                _kill_group(proc.pid)
-            result = run_captured(
-                proc, timeout=timeout, limit=self.config.capture_limit, kill=lambda: _kill_group(proc.pid), started=started
-            )
+                self._kill()
+            result = capture(output, spawner, timeout=timeout, limit=self.config.capture_limit, kill=self._kill,
+                             started=started)
         finally:
-            self._running = None
+            self._pid = None
             self._executing = False
+        if spawner.lost:
+            return dataclasses.replace(result, returncode=None, sandbox_error=spawner.lost)
         if self._interrupt_pending:
             return dataclasses.replace(result, returncode=None, timed_out=False, interrupted=True)
         return result
@@ -78,20 +80,119 @@ class LocalEnvironment:
     def interrupt(self) -> None:
         if self._executing:
             self._interrupt_pending = True
-            proc = self._running
-            if proc is not None:
-                _kill_group(proc.pid)
+            self._kill()
+
+    def _kill(self) -> None:
+        """The command's group at once (signal-safe), then everything else under the spawner: what escaped the
+        group (`set -m`), the session (`setsid`), or its parents (double forks) was adopted by the spawner."""
+        pid = self._pid
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._spawner is not None:
+            kill_descendants(self._spawner.pid)
 
     def close(self) -> None:
-        pass
+        if self._spawner is not None:
+            self._spawner.close()
+            self._spawner = None
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "local", "cwd": self.cwd, "env": sorted(self.config.env)}
 
 
-def _kill_group(pgid: int) -> None:
-    # the whole group: a shell's children (and theirs) outlive the shell otherwise
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+class Spawner:
+    """miniswe's end of a spawner process: starts commands through it and learns how they ended.
+
+    Its socket is the spawner's lifeline: when this process dies, however it dies, the socket closes and
+    the spawner kills everything it started.
+    """
+
+    def __init__(self, env: dict[str, str], cwd: str):
+        self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            # its own session: a signal to miniswe's process group (Ctrl-C, kill -9 -PGID) does not reach it
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", SPAWNER, str(theirs.fileno())], cwd=cwd, env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True,
+            )
+        except OSError as error:
+            self.channel.close()
+            raise SandboxError(f"cannot start the local spawner ({sys.executable}): {error.strerror}") from error
+        finally:
+            theirs.close()
+        self.pid = self.proc.pid
+        self.lost: str | None = None
+        self._command: int | None = None
+        self._status: int | None = None
+
+    def alive(self) -> bool:
+        return self.lost is None and self.proc.poll() is None
+
+    def start(self, command: str) -> tuple[int, int]:
+        """Start `command`; the read end of its output pipe and its pid."""
+        read_end, write_end = os.pipe()
+        try:
+            socket.send_fds(self.channel, [b"run" + command.encode("utf-8", "surrogateescape")], [write_end])
+        except OSError as error:
+            os.close(read_end)
+            raise SandboxError(f"the local spawner is gone ({error.strerror}); the run cannot start commands") from None
+        finally:
+            os.close(write_end)
+        answer = self._receive(ANSWER_S)
+        if not answer.startswith(b"pid "):
+            os.close(read_end)
+            raise SandboxError(f"the local spawner did not start the command ({answer[:60]!r})")
+        self._command, self._status = int(answer.split()[1]), None
+        return read_end, self._command
+
+    # -- capture.ExitWatch: the command's end, as the spawner reports it ------------------------------------
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
+    def poll(self) -> int | None:
+        if self._status is None:
+            try:
+                message = self.channel.recv(64, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            except OSError:
+                message = b""
+            if not message:
+                self._lost()
+                return -signal.SIGKILL
+            _, pid, status = message.split()
+            if int(pid) == self._command:
+                self._status = os.waitstatus_to_exitcode(int(status))
+        return self._status
+
+    def _receive(self, seconds: float) -> bytes:
+        self.channel.settimeout(seconds)
+        try:
+            return self.channel.recv(64)
+        except OSError:
+            return b""
+        finally:
+            self.channel.settimeout(None)
+
+    def _lost(self) -> None:
+        """The spawner died under a command (killed from outside): its commands lost their keeper."""
+        if self._command is not None:
+            try:
+                os.killpg(self._command, signal.SIGKILL)
+            except OSError:
+                pass
+        self.lost = (f"the local spawner (pid {self.pid}) was killed from outside during a command; "
+                     "the command was killed, and the run stops rather than leave processes unaccounted for")
+
+    def close(self) -> None:
+        """Close the lifeline: the spawner kills what is left and exits."""
+        self.channel.close()
+        try:
+            self.proc.wait(ANSWER_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(ANSWER_S)

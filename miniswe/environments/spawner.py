@@ -1,0 +1,148 @@
+"""The local environment's spawner: a small process that starts each command as its own child, adopts what
+the command leaves behind, and kills all of it when miniswe is gone.
+
+Run as `python3 -I -S spawner.py FD` with a SOCK_SEQPACKET socket on fd FD (stdlib only, imports nothing
+of miniswe). It is a child subreaper, so a command's processes that outlive their parents (double forks,
+`setsid`, `set -m` jobs) become its children instead of init's, and miniswe finds them all under it. It
+ignores the signals a terminal or a `pkill` would send, and lives in its own session, so killing miniswe's
+process group does not take it along. When the socket reports EOF (miniswe exited, even by `kill -9`),
+it kills every process under it and exits.
+
+Messages on the socket, one per datagram:
+    miniswe -> spawner:  b"run" + command bytes, with the output pipe's write end attached (SCM_RIGHTS)
+    spawner -> miniswe:  b"pid %d" once the command started; b"exit %d %d" (pid, wait status) when it ended
+"""
+
+import ctypes
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def main() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: leftovers go to init, as without a spawner
+    # caught, not ignored: an ignored signal would stay ignored in every command (exec keeps SIG_IGN), a
+    # caught one is back to its default there
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
+        signal.signal(number, lambda *_: None)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)  # SIGCHLD wakes the select below
+    channel = socket.socket(fileno=int(sys.argv[1]))
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    commands: dict[int, subprocess.Popen] = {}
+    try:
+        while True:
+            ready, _, _ = select.select([channel, wake_read], [], [])
+            if wake_read in ready:
+                os.read(wake_read, 4096)
+                _reap(channel, commands)
+            if channel in ready:
+                try:
+                    data, fds, _, _ = socket.recv_fds(channel, 1 << 20, 4)
+                except OSError:
+                    data, fds = b"", []
+                if not data:
+                    return  # miniswe is gone
+                if data.startswith(b"run") and fds:
+                    command = subprocess.Popen(
+                        ["bash", "-c", data[3:].decode("utf-8", "surrogateescape")],
+                        stdin=devnull, stdout=fds[0], stderr=fds[0], start_new_session=True,
+                    )
+                    commands[command.pid] = command
+                    channel.send(b"pid %d" % command.pid)
+                for fd in fds:
+                    os.close(fd)
+    finally:
+        kill_descendants(os.getpid())
+
+
+def _reap(channel: socket.socket, commands: dict[int, subprocess.Popen]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        command = commands.pop(pid, None)
+        if command is not None:
+            # reaped here, so subprocess must never wait for this pid again (it may belong to another process soon)
+            command.returncode = os.waitstatus_to_exitcode(status)
+            try:
+                channel.send(b"exit %d %d" % (pid, status))
+            except OSError:
+                pass
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (every thread's list)."""
+    found = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(child) for child in handle.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid`, parents before their children."""
+    found, queue = [], children(pid)
+    while queue:
+        child = queue.pop(0)
+        found.append(child)
+        queue += children(child)
+    return found
+
+
+def kill_descendants(pid: int, *, deadline_s: float = 2.0) -> int:
+    """Stop, then kill, every process under `pid` until none is left (a fork bomb gets frozen first)."""
+    killed = 0
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        found = descendants(pid)
+        if not found:
+            break
+        for victim in found:
+            try:
+                os.kill(victim, signal.SIGSTOP)
+            except OSError:
+                pass
+        for victim in found:
+            try:
+                os.kill(victim, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        if pid == os.getpid():
+            _reap_quietly()
+        time.sleep(0.005)
+    return killed
+
+
+def _reap_quietly() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+if __name__ == "__main__":
+    sys.exit(main())
