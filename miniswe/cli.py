@@ -66,9 +66,12 @@ def run(
         task = _read_task(task, task_file)
         cfg = resolve_config(config, flags)
         from miniswe.display import make_display, summary_line
+        from miniswe.output import add_secrets
+        from miniswe.redaction import run_secrets
         from miniswe.runner import check_ready, default_trajectory_path, new_run_id, run_task
         from miniswe.signals import SignalHandlers, Stop
 
+        add_secrets(run_secrets(cfg))
         renderer = check_ready(cfg, task)
         _warn_orphans(cfg)
         run_id = new_run_id()
@@ -243,9 +246,9 @@ def _rerun_command(command: str, output: str | None, run_dir: str, fallback: lis
             argv.append(arg)
     if output is None:
         argv += ["-o", run_dir]
-    from miniswe.redaction import mask_assignments
+    from miniswe.redaction import mask_command_line
 
-    return mask_assignments(shlex.join(["miniswe", command, *argv]))
+    return shlex.join(["miniswe", command, *mask_command_line(argv)])
 
 
 @app.command()
@@ -280,4 +283,7 @@ def _warn_orphans(cfg) -> None:
 
 
 def main() -> None:
+    from miniswe.output import guard_streams
+
+    guard_streams()
     app()

@@ -159,16 +159,21 @@ class Trajectory:
             self.model = model
 
     def record_command(self, phase: str, record: CommandRecord) -> None:
+        record = CommandRecord(self._redact(record.command), record.returncode, record.timed_out,
+                               self._redact(record.output), record.duration_s)
         {"setup": self.setup, "evaluation": self.evaluation}[phase].append(record)
 
     def set_resolved(self, resolved: bool) -> None:
         self.resolved = resolved
 
     def warn(self, message: str) -> None:
-        self.warnings.append(message)
+        self.warnings.append(self._redact(message))
 
     def finish(self, outcome: Outcome) -> None:
-        self.outcome = outcome
+        """The run's end; its detail and submission are redacted here, so all that derives from them is clean."""
+        redact = self._redact
+        self.outcome = Outcome(outcome.status, redact(outcome.detail) if outcome.detail else outcome.detail,
+                               redact(outcome.submission) if outcome.submission else outcome.submission)
         self.ended = now_iso()
         self.wall_s = round(self.wall_s_so_far(), 3)
 

@@ -12,10 +12,6 @@ from miniswe import atomic
 write_atomic = functools.partial(atomic.write_atomic, fsync=True)
 
 
-def write_json(path: str, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-
-
 def read_json(path: str) -> Any:
     with open(path, encoding="utf-8") as handle:
         return json.load(handle)

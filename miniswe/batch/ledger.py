@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,8 +137,9 @@ def _warn(message: str) -> None:
 class Ledger:
     """The run directory's results.jsonl, shared by every worker thread."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, redact: Callable[[str], str] = lambda text: text):
         self.path = os.path.join(run_dir, LEDGER)
+        self.redact = redact  # the batch's secrets, masked in every line written
         self.history = os.path.join(run_dir, HISTORY)
         self._lines = read_lines(self.path, repair=True)
         self.records = latest(self._lines)
@@ -150,7 +152,7 @@ class Ledger:
             if record.id in self._written:
                 return False
             self._written.add(record.id)
-            _append_bytes(self.path, record_line(record).encode("utf-8"))
+            _append_bytes(self.path, self.redact(record_line(record)).encode("utf-8"))
             self._lines.append(record)
             self.records.pop(record.id, None)
             self.records[record.id] = record
@@ -159,7 +161,7 @@ class Ledger:
     def amend(self, record: LedgerRecord) -> None:
         """Append a corrected line for a task's kept result (the last line per id wins)."""
         with self._lock:
-            _append_bytes(self.path, record_line(record).encode("utf-8"))
+            _append_bytes(self.path, self.redact(record_line(record)).encode("utf-8"))
             self._lines.append(record)
             self.records[record.id] = record
 
@@ -173,7 +175,7 @@ class Ledger:
             superseded = {(r.id, r.attempt): r for r in self._lines if id(r) not in keep}
             # history first: a crash between the two writes duplicates a line there, never loses one
             _append_bytes(self.history, "".join(record_line(r) for r in superseded.values()).encode("utf-8"))
-            write_atomic(self.path, "".join(record_line(r) for r in self.records.values()))
+            write_atomic(self.path, self.redact("".join(record_line(r) for r in self.records.values())))
             self._lines = list(self.records.values())
 
     def snapshot(self) -> list[LedgerRecord]:

@@ -11,7 +11,7 @@ import shutil
 from typing import Any
 
 from miniswe import __version__
-from miniswe.batch.files import now, write_atomic, write_json
+from miniswe.batch.files import now, write_atomic
 from miniswe.batch.ledger import LEDGER, LedgerRecord, record_line
 from miniswe.batch.report import build_report, load_run, render_markdown
 from miniswe.batch.rundir import FORMAT, REPORT_MD, RUN_JSON, RunDir
@@ -63,10 +63,10 @@ def merge_runs(run_dirs: list[str], out: str, *, force: bool = False) -> tuple[d
         "command": None, "shard_commands": shard_commands, "invocations": [],
         "missing_shards": _missing_shards(runs),
     }
-    write_json(target.file(RUN_JSON), run)
+    target.write_json(RUN_JSON, run)
     report = build_report(records)
     markdown = render_markdown(report, records, run, out)
-    write_atomic(target.file(REPORT_MD), markdown)
+    target.write_text(REPORT_MD, markdown)
     return report, markdown
 
 

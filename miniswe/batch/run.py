@@ -16,7 +16,6 @@ from typing import Any, TextIO
 
 import requests
 
-from miniswe.batch.files import write_atomic
 from miniswe.batch.ledger import Ledger, LedgerRecord
 from miniswe.batch.plan import Plan, plan_tasks
 from miniswe.batch.progress import BatchState, make_progress
@@ -29,7 +28,8 @@ from miniswe.batch.threads import ThreadExecutor
 from miniswe.config import Config
 from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.environments import check_environment
-from miniswe.redaction import masked_config
+from miniswe.output import add_secrets
+from miniswe.redaction import Secrets, masked_config, run_secrets
 from miniswe.runner import build_model
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, batch_exit_code
@@ -83,6 +83,11 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         raise UsageError(f"{options.tasks}: no task selected by --filter/--slice/--shard (the file has {len(task_file.tasks)})")
     run_dir = RunDir(options.run_dir or default_run_dir(options.tasks, options.shard))
     plans = plan_tasks(task_file, selected, config, run_dir.path)
+    secrets = Secrets()
+    for plan in plans:
+        secrets.update(run_secrets(plan.config))
+    add_secrets(secrets)
+    run_dir.redact = secrets.scrub
     renderers = check_plans(task_file, plans)
     check_endpoints(plans)
     docker = [p.config.environment.executable for p in plans if p.config.environment.kind == "docker"]
@@ -97,7 +102,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         identity = model_identity(config)
         if previous and not options.force:
             run_dir.check_same(previous, task_file.sha256, os.path.abspath(options.tasks), identity)
-        ledger = Ledger(run_dir.path)
+        ledger = Ledger(run_dir.path, redact=secrets.scrub)
         redo = redo_ids(options.redo, [p.id for p in plans], ledger.records)
         todo = [p for p in plans if p.id in redo or not _kept(ledger.records.get(p.id))]
         todo_ids = {p.id for p in todo}
@@ -133,7 +138,7 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
     run_dir.write_preds(records)
     report = build_report(records)
     markdown = render_markdown(report, records, run, run_dir.path)
-    write_atomic(run_dir.file(REPORT_MD), markdown)
+    run_dir.write_text(REPORT_MD, markdown)
     finished = {r.id: r for r in records}
     not_started = [p.id for p in plans if p.id not in finished]
     code = batch_exit_code((finished[p.id].exit_status for p in plans if p.id in finished),

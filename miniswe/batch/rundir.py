@@ -6,13 +6,14 @@ A rerun must be the same batch: a different task file or model is refused unless
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from miniswe import __version__
-from miniswe.batch.files import now, read_json, write_json
+from miniswe.batch.files import now, read_json, write_atomic
 from miniswe.batch.ledger import LedgerRecord
 from miniswe.errors import UsageError
 from miniswe.status import is_agent_outcome
@@ -29,8 +30,9 @@ def model_identity(config: Any) -> dict[str, str]:
 
 
 class RunDir:
-    def __init__(self, path: str):
+    def __init__(self, path: str, redact: Callable[[str], str] = lambda text: text):
         self.path = os.path.abspath(path)
+        self.redact = redact  # the batch's secrets, masked in every file written here
         self._lock_fd: int | None = None
         self._preds_lock = threading.Lock()  # workers finish concurrently: an older snapshot must not land last
 
@@ -86,17 +88,23 @@ class RunDir:
         run = dict(previous or {"format": FORMAT, "version": 1, "started": now(), "invocations": []})
         run.update(info, miniswe_version=__version__, ended=None, status="running")
         run["invocations"] = list(run.get("invocations", [])) + [{"started": now(), "ended": None, "command": info.get("command")}]
-        write_json(self.file(RUN_JSON), run)
+        self.write_json(RUN_JSON, run)
         return run
 
     def end_run(self, run: dict[str, Any], status: str, summary: dict[str, Any]) -> None:
         run.update(ended=now(), status=status)
         run["invocations"][-1].update(ended=now(), status=status, **summary)
-        write_json(self.file(RUN_JSON), run)
+        self.write_json(RUN_JSON, run)
 
     def write_preds(self, records: Iterable[LedgerRecord] | Callable[[], Iterable[LedgerRecord]]) -> None:
         with self._preds_lock:
-            write_json(self.file(PREDS_JSON), predictions(records() if callable(records) else records))
+            self.write_json(PREDS_JSON, predictions(records() if callable(records) else records))
+
+    def write_json(self, name: str, data: Any) -> None:
+        self.write_text(name, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+    def write_text(self, name: str, text: str) -> None:
+        write_atomic(self.file(name), self.redact(text))
 
 
 def predictions(records: Iterable[LedgerRecord]) -> dict[str, dict[str, Any]]:

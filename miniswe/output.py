@@ -1,0 +1,71 @@
+"""What miniswe prints goes through here: stdout and stderr are wrapped once, at start, so that no known secret
+reaches them, and a reader that went away (`| head`, a closed terminal) ends the output, not the run."""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import TextIO
+
+from miniswe.redaction import Secrets
+
+
+class GuardedStream(io.TextIOBase):
+    """A text stream that masks the run's secrets in everything written, and goes quiet, for good, when
+    writing fails (EPIPE, EIO): the run goes on and still records its end."""
+
+    def __init__(self, stream: TextIO, secrets: Secrets):
+        self.stream = stream
+        self.secrets = secrets
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                self.stream.write(self.secrets.scrub(text) if self.secrets else text)
+            except (OSError, ValueError):  # ValueError: the stream was closed under us
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def isatty(self) -> bool:
+        try:
+            return not self.broken and self.stream.isatty()
+        except ValueError:
+            return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
+
+    def writable(self) -> bool:
+        return True
+
+
+SECRETS = Secrets()  # every secret known to this process so far, masked on both streams
+
+
+def guard_streams() -> None:
+    """Wrap sys.stdout and sys.stderr (once)."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, GuardedStream):
+            setattr(sys, name, GuardedStream(stream, SECRETS))
+
+
+def add_secrets(secrets: Secrets) -> None:
+    """Mask these values on stdout and stderr from now on; say once which ones are too short to mask."""
+    fresh = [where for where in secrets.short if where not in SECRETS.short]
+    SECRETS.update(secrets)
+    for where in fresh:
+        print(f"miniswe: warning: the secret value of {where} is shorter than 8 characters: it is masked in "
+              "recorded configs and command lines, but cannot be masked safely in command output", file=sys.stderr)
