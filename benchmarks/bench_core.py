@@ -24,8 +24,11 @@ from urllib.parse import urlsplit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
 from openai_server import ScriptedServer  # noqa: E402
-from replies import SUBMIT_MARKER, act  # noqa: E402
+from replies import SLOW_LINES, SUBMIT_MARKER, act, adversarial_reply  # noqa: E402
+
+from miniswe.protocol import FormatError, parse_command  # noqa: E402
 
 SUBMIT = act(f"echo {SUBMIT_MARKER}")
 
@@ -36,6 +39,15 @@ def child_peak_rss(argv: list[str], cwd: str, env: dict) -> tuple[float, float, 
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     return time.perf_counter() - started, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def parse_seconds(text: str) -> float:
+    started = time.perf_counter()
+    try:
+        parse_command(text)
+    except FormatError:
+        pass
+    return time.perf_counter() - started
 
 
 def gaps(requests: list[dict]) -> list[float]:
@@ -71,6 +83,9 @@ def main() -> None:
 
     helps = [child_peak_rss([sys.executable, "-m", "miniswe", "--help"], work, env)[0] for _ in range(5)]
     rows.append(("miniswe --help wall (median of 5)", f"{statistics.median(helps):.3f} s", "< 0.25 s"))
+    replies = [*SLOW_LINES.values(), *(adversarial_reply(seed, 1 << 20) for seed in range(30))]
+    worst = max(parse_seconds(text) for text in replies)
+    rows.append((f"parse_command, worst of {len(replies)} adversarial 1 MB replies", f"{worst * 1000:.0f} ms", "< 1000 ms"))
 
     with ScriptedServer([SUBMIT] * 5) as server:
         one = [child_peak_rss([sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m",

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 DEFAULT_ACTION_TAGS = ("mswea_bash_command", "bash")
 DEFAULT_SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
-_OPEN = re.compile(r"^( {0,3})(`{3,}|~{3,})[ \t]*([^`\s]*)[^`]*$")
 _FENCE_LINE = re.compile(r"^ {0,3}((`{3,}|~{3,}))")
 _HEREDOC = re.compile(r"(?<!<)<<(-?)[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _INVISIBLE = dict.fromkeys(map(ord, "\u200b\u2060\ufeff"))
@@ -109,13 +108,11 @@ def _blocks(lines: list[str], *, heredocs: bool) -> list[_Block]:
     blocks = []
     i = 0
     while i < len(lines):
-        opening = _OPEN.match(lines[i])
+        opening = _opening(lines[i])
         i += 1
         if not opening:
             continue
-        indent, fence, tag = len(opening[1]), opening[2], opening[3].lower()
-        if fence[0] == "`" and "`" in lines[i - 1][len(opening[1]) + len(fence) :]:
-            continue  # CommonMark: a backtick fence's info string may not contain backticks
+        indent, fence, tag = opening
         closing = re.compile(rf"^ {{0,3}}{re.escape(fence[0])}{{{len(fence)},}}[ \t]*$")
         body: list[str] = []
         pending: list[tuple[str, bool]] = []  # heredoc delimiters still open, with their <<- flag
@@ -132,9 +129,24 @@ def _blocks(lines: list[str], *, heredocs: bool) -> list[_Block]:
                 break
             elif heredocs:
                 pending = [(m[3], m[1] == "-") for m in _HEREDOC.finditer(line)]
-            body.append(_dedent(line, indent))
+            body.append(_dedent(line, indent) if indent else line)
         blocks.append(_Block(tag, body, closed))
     return blocks
+
+
+def _opening(line: str) -> tuple[int, str, str] | None:
+    """(indent, fence, tag) of an opening fence line, else None. Plain string scans, no regex: every line of
+    a reply passes here, and a backtracking pattern makes a long line of backticks and letters quadratic."""
+    stripped = line.lstrip(" ")
+    indent = len(line) - len(stripped)
+    if indent > 3 or not stripped.startswith(("```", "~~~")):
+        return None
+    char = stripped[0]
+    info = stripped.lstrip(char)
+    if "`" in info:
+        return None  # CommonMark: a backtick fence's info string may not contain backticks (nor may ours)
+    words = info.split()
+    return indent, stripped[: len(stripped) - len(info)], words[0].lower() if words else ""
 
 
 def _dedent(line: str, indent: int) -> str:
@@ -147,9 +159,10 @@ def _glued_close(block: _Block) -> _Block:
     while lines and not lines[-1].strip():
         lines.pop()
     if lines:
-        glued = re.match(r"^(.*\S)`{3,}[ \t]*$", lines[-1])
-        if glued:
-            return _Block(block.tag, lines[:-1] + [glued[1]], True)
+        last = lines[-1].rstrip(" \t")
+        command = last.rstrip("`")
+        if len(last) - len(command) >= 3 and command and not command[-1].isspace():
+            return _Block(block.tag, lines[:-1] + [command], True)
     return block
 
 

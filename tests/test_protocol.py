@@ -4,7 +4,7 @@ import pytest
 
 from miniswe.protocol import FormatError, parse_command, strip_reasoning, submission
 
-from replies import F
+from replies import SLOW_LINES, F, adversarial_reply
 
 VALID = [
     ("plain", f"THOUGHT: list\n\n{F}bash\nls -la\n{F}\n", "ls -la"),
@@ -89,3 +89,17 @@ def test_submission_needs_marker_first_and_exit_zero(output, returncode, expecte
 
 def test_custom_submit_marker():
     assert submission("DONE\nok", 0, marker="DONE") == "ok"
+
+
+@pytest.mark.parametrize("case", [*SLOW_LINES, *range(8)], ids=[*SLOW_LINES, *[f"random-{i}" for i in range(8)]])
+def test_parsing_is_linear_in_the_reply(case):
+    """A 1 MB reply of whatever shape parses in well under a second (a quadratic parser would take hours)."""
+    import time
+
+    text = SLOW_LINES[case] if isinstance(case, str) else adversarial_reply(case, 1 << 20)
+    started = time.perf_counter()
+    try:
+        parse_command(text)
+    except FormatError:
+        pass
+    assert time.perf_counter() - started < 1.5
