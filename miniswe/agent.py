@@ -7,6 +7,7 @@ from typing import Any
 
 from miniswe.config import Config
 from miniswe.environments import CommandResult, Environment
+from miniswe.environments.capture import elision_notice
 from miniswe.errors import SandboxError
 from miniswe.limits import Limits
 from miniswe.models import Model
@@ -19,12 +20,23 @@ from miniswe.trajectory import Step, Trajectory
 StepObserver = Callable[[Step], None]
 
 
-def bounded_view(output: str, limit: int) -> tuple[str, int]:
-    """What the model sees of an output: all of it, or head + tail of `limit` chars; and the elided count."""
-    if limit <= 0 or len(output) <= limit:
-        return output, 0
-    half = limit // 2
-    return output[:half] + "\n...\n" + output[len(output) - (limit - half) :], len(output) - limit
+def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str, int]:
+    """What the model sees of an output (all of it, or head + tail of `limit` characters), and how many of the
+    output's characters it does not see, counting those the capture already left out (`capture_elided`)."""
+    notice = elision_notice(capture_elided) if capture_elided else ""
+    head, found, tail = output.partition(notice) if notice else (output, "", "")
+    if not found:
+        head, tail, notice = output, "", ""
+    if limit <= 0 or len(head) + len(tail) <= limit:
+        return head + notice + tail, capture_elided
+    if not notice:
+        half = limit // 2
+        return output[:half] + "\n...\n" + output[len(output) - (limit - half) :], len(output) - limit
+    # the capture kept a head and a tail already: share the view between them, one marker for both cuts
+    shown_head = min(limit // 2 + max(limit - limit // 2 - len(tail), 0), len(head))
+    shown_tail = limit - shown_head
+    view = head[:shown_head] + "\n...\n" + tail[len(tail) - shown_tail :]
+    return view, len(head) + len(tail) - limit + capture_elided
 
 
 class Agent:
@@ -101,6 +113,12 @@ class Agent:
             return self.stop.outcome or interrupted("SIGINT")
         self._observe(number_, result, output, timeout)
         submitted = submission(output, result.returncode, self.config.protocol.submit_marker)
+        if submitted is not None and result.elided_chars:
+            # never a damaged submission: the middle of this one was not kept
+            limit = self.config.environment.capture_limit
+            return Outcome(ExitStatus.LIMITS_EXCEEDED, f"capture_limit: the submission's output is {result.output_chars} "
+                           f"bytes and environment.capture_limit keeps {limit} whole; it was not taken. Raise "
+                           "environment.capture_limit (0 = no limit) and run the task again")
         if submitted is not None:
             return Outcome(ExitStatus.SUBMITTED, None, submitted)
         if result.timed_out and self.limits.time_left() <= 0:
@@ -130,10 +148,10 @@ class Agent:
         return None
 
     def _observe(self, number_: int, result: CommandResult, output: str, timeout: float) -> None:
-        view, elided = bounded_view(output, self.config.agent.output_limit)
+        view, not_shown = bounded_view(output, self.config.agent.output_limit, result.elided_chars)
         observation = self.renderer.render(
             "observation.j2", output=view, returncode=result.returncode, timed_out=result.timed_out,
-            command_timeout=number(round(timeout, 1)), elided_chars=elided + result.elided_chars,
+            command_timeout=number(round(timeout, 1)), elided_chars=not_shown,
             output_chars=result.output_chars, duration_s=round(result.duration_s, 3),
         )
         self._add("user", observation, number_)

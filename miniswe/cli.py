@@ -72,6 +72,10 @@ def run(
         from miniswe.signals import SignalHandlers, Stop
 
         add_secrets(run_secrets(cfg))
+        cwd = cfg.environment.cwd
+        if cfg.environment.kind == "local" and cwd and not os.path.isdir(cwd):
+            where = f"--cwd {cwd}" if flags["cwd"] else f"environment.cwd: {cwd}"
+            raise UsageError(f"{where}: no such directory; create it or give an existing one")
         renderer = check_ready(cfg, task)
         _warn_orphans(cfg)
         run_id = new_run_id()

@@ -125,7 +125,7 @@ def _build_config(data: dict[str, Any], origin: dict[str, str]) -> Config:
             sections[name] = _build(FIXED[name], values, origin, prefix=f"{name}.")
         else:
             base, settings_class, builtins = PLUGGABLE[name]
-            kind = values.get("kind", base.kind)
+            kind = values.get("kind") or _implied_kind(values, base, settings_class, builtins)
             where = origin.get(f"{name}.kind", "config")
             try:
                 cls = settings_class(kind)
@@ -133,6 +133,16 @@ def _build_config(data: dict[str, Any], origin: dict[str, str]) -> Config:
                 raise ConfigError(f"{where}: {error}") from None
             sections[name] = _build(cls, values, origin, prefix=f"{name}.", other_kinds=(builtins, settings_class))
     return Config(**sections)
+
+
+def _implied_kind(values: dict[str, Any], base: type, settings_class: Any, builtins: dict[str, str]) -> str:
+    """With no kind given, the one built-in kind that has every key given (`environment.image` implies docker,
+    as `--image` and a task's `env.image` do); the default kind when the keys fit it or fit no single kind."""
+    keys = set(values) - {"kind"}
+    if keys <= {f.name for f in dataclasses.fields(settings_class(base.kind))}:
+        return base.kind
+    fitting = [kind for kind in builtins if keys <= {f.name for f in dataclasses.fields(settings_class(kind))}]
+    return fitting[0] if len(fitting) == 1 else base.kind
 
 
 def _read_source(source: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:

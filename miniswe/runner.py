@@ -101,7 +101,10 @@ def run_task(
             agent = Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
                           stop=stop, observers=observers, scrub=secrets.scrub, notify=notify)
             outcome = agent.run(task, instance)
-            if evaluate and is_agent_outcome(outcome.status):
+            if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
+                resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
+                trajectory.set_resolved(resolved)
+            elif evaluate and outcome.status is ExitStatus.SUBMITTED:
                 failed = _run_commands(env, evaluate, config, trajectory, stop, "evaluation")
                 if failed is None or failed.status is ExitStatus.SETUP_ERROR:
                     resolved = failed is None

@@ -110,12 +110,16 @@ def run_exit_code(outcome: Outcome) -> int:
     return EXIT_NOT_SUBMITTED
 
 
-def batch_exit_code(statuses: Iterable[str], *, signal_name: str | None, record_failures: int = 0) -> int:
-    """Process exit code of `miniswe batch`: a signal, then any infrastructure failure, else 0."""
+def batch_exit_code(statuses: Iterable[str], *, signal_name: str | None, record_failures: int = 0,
+                    not_started: int = 0) -> int:
+    """Process exit code of `miniswe batch`: a signal; then any infrastructure failure (3); then tasks a batch
+    budget left unstarted (1: the batch is not done, rerun it); else 0."""
     if signal_name:
         return signal_exit_code(signal_name)
     if record_failures or any(is_infra_failure(status) for status in statuses):
         return EXIT_INFRA
+    if not_started:
+        return EXIT_NOT_SUBMITTED
     return EXIT_SUBMITTED
 
 

@@ -319,7 +319,7 @@ def close_unfinished(path: str, outcome: Outcome) -> Trajectory | None:
 
 # -- upgrades: UPGRADES[n] turns a version-n document into version n+1 ---------------------------------------
 
-_ELIDED = re.compile(r"\[\.\.\. (\d+) bytes of output elided by miniswe \.\.\.\]")
+_ELIDED = re.compile(r"\[\.\.\. (\d+) bytes of output elided by miniswe \.\.\.\]")  # capture.elision_notice, as v1 wrote it
 # Version 1 recorded every kind's settings in one flat section; these belong to one kind only.
 _V1_KIND_KEYS = {
     ("environment", "docker"): ("image", "forward_env", "run_args", "executable", "pull", "start_timeout", "container_lifetime"),

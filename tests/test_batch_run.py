@@ -185,11 +185,13 @@ def test_batch_budget_stops_running_tasks_and_starts_no_new_one(tmp_path, counti
     tasks = write_tasks(tmp_path / "tasks.yaml", [task(f"t{i}", 6) for i in range(6)])
     result = batch(counting_server, tasks, tmp_path / "run", workers=2, batch_token_limit=3000)
     records = by_id(tmp_path / "run")
-    assert result.exit_code == 0 and len(records) == 2 and len(result.not_started) == 4
+    # the batch is not done: exit 1, and the report says so
+    assert result.exit_code == 1 and len(records) == 2 and len(result.not_started) == 4
+    assert "**Incomplete:** 4 task(s) not run (batch_token_limit" in result.markdown
     for record in records.values():
         assert record["exit_status"] == "LimitsExceeded" and record["steps"] < 6
         assert record["exit_detail"].startswith("batch_token_limit:")
-    assert "4 task(s) not started (batch_token_limit" in result.log
+    assert "4 task(s) not run (batch_token_limit" in result.log
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "incomplete"
     # a task the budget cut off never had its chance: the next run gives it one, with the untouched ones
     finish = batch(counting_server, tasks, tmp_path / "run", workers=2)

@@ -80,7 +80,7 @@ def test_swebench_image_template_and_cwd(tmp_path):
 
 
 def test_local_tasks_get_their_own_workspace_and_paths_resolve_next_to_the_task_file(tmp_path):
-    os.makedirs(tmp_path / "tasks")
+    os.makedirs(tmp_path / "tasks" / "repo")
     path = write(tmp_path, "tasks/t.yaml", """
 - {id: a, task: x, config: {model: {kind: scripted, script: replies/a.yaml}, agent.step_limit: 3}}
 - {id: b, task: y, cwd: repo, env: {timeout: 9}}
@@ -100,7 +100,8 @@ def test_local_tasks_get_their_own_workspace_and_paths_resolve_next_to_the_task_
     ("{id: a, task: x, env: {PYTHONPATH: src}}", "variables go under `env: {env: {PYTHONPATH: ...}}`"),
     ("{id: a, task: x, config: {agent: 3}}", "config.agent: expected a section mapping"),
     ("{id: a, task: x, config: {agent.step_limit: -1}}", "agent.step_limit: must be 0 or more"),
-], ids=["config-typo", "env-typo", "env-variable", "config-not-mapping", "negative-limit"])
+    ("{id: a, task: x, cwd: no-such-repo}", "line 1 (id a): cwd: "),
+], ids=["config-typo", "env-typo", "env-variable", "config-not-mapping", "negative-limit", "missing-cwd"])
 def test_bad_per_task_settings_name_the_task_and_the_fix(tmp_path, entry, message):
     task_file = load_tasks(write(tmp_path, "t.yaml", f"- {entry}\n"))
     with pytest.raises(TaskFileError) as caught:

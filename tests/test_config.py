@@ -108,10 +108,12 @@ def test_default_yaml_is_the_settings_dataclasses_with_a_comment_per_key():
             assert "  # " in line.split(":", 1)[1], f"no comment: {line}"
 
 
-def test_an_image_with_the_local_environment_is_refused():
+def test_an_image_implies_docker_and_an_image_with_the_local_environment_is_refused():
+    # -c environment.image, --image and a task's env.image agree: an image means docker
+    assert load_config("environment.image=python:3.12").environment.kind == "docker"
+    assert load_config("model.script=r.yaml").model.kind == "scripted"
     with pytest.raises(ConfigError, match=r"environment.image: unknown key for kind 'local' \(image is a docker setting: set environment.kind=docker"):
-        load_config("environment.image=python:3.12")
-    assert load_config("environment.image=python:3.12", "environment.kind=docker").environment.kind == "docker"
+        load_config("environment.image=python:3.12", "environment.kind=local")
 
 
 def test_one_key_of_a_mapping_can_be_set_alone(tmp_path):

@@ -76,6 +76,9 @@ def plan_task(task: Task, base: Config, run_dir: str, task_dir: str) -> Plan:
         environment["cwd"] = workspace
     elif task.swebench and not base.environment.cwd:
         environment["cwd"] = SWEBENCH_CWD
+    given = environment.get("cwd", base.environment.cwd)
+    if kind == "local" and workspace is None and given and not os.path.isdir(given):
+        raise ConfigError(f"cwd: {given} is not a directory; create it, or fix the task's cwd or environment.cwd")
     image = environment.get("image", getattr(base.environment, "image", ""))
     if "{" in image:
         environment["image"] = image_name(image, task)

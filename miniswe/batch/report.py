@@ -63,7 +63,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: dict[str, Any] | None, run_dir: str) -> str:
+def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: dict[str, Any] | None, run_dir: str,
+                    unrun: str = "") -> str:
     lines = ["# miniswe batch report", ""]
     facts = [f"run directory `{run_dir}`"]
     if run:
@@ -78,7 +79,10 @@ def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: di
     head = f"**{total} tasks**"
     if report["evaluated"]:
         head += f" · **resolved {report['resolved']} of {report['evaluated']}** with eval ({report['resolved_rate']:.1%})"
-    lines += [head, "", "| exit status | kind | tasks | share |", "| --- | --- | ---: | ---: |"]
+    lines += [head, ""]
+    if unrun:
+        lines += [f"**Incomplete:** {unrun}.", ""]
+    lines += ["| exit status | kind | tasks | share |", "| --- | --- | ---: | ---: |"]
     for status, count in report["by_status"].items():
         kind = "agent outcome" if is_agent_outcome(status) else "infrastructure" if is_infra_failure(status) else "interrupted"
         lines.append(f"| {status} | {kind} | {count} | {count / total:.1%} |")

@@ -136,17 +136,19 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
     ledger.compact()
     records = ledger.snapshot()
     run_dir.write_preds(records)
-    report = build_report(records)
-    markdown = render_markdown(report, records, run, run_dir.path)
-    run_dir.write_text(REPORT_MD, markdown)
     finished = {r.id: r for r in records}
     not_started = [p.id for p in plans if p.id not in finished]
+    unrun = (f"{len(not_started)} task(s) not run ({budget.reached() or 'stopped early'}); rerun the same command to "
+             "run them" if not_started and not scheduler.signal_name else "")
+    report = build_report(records)
+    markdown = render_markdown(report, records, run, run_dir.path, unrun)
+    run_dir.write_text(REPORT_MD, markdown)
     code = batch_exit_code((finished[p.id].exit_status for p in plans if p.id in finished),
-                           signal_name=scheduler.signal_name, record_failures=scheduler.record_failures)
+                           signal_name=scheduler.signal_name, record_failures=scheduler.record_failures,
+                           not_started=len(not_started))
     status = "interrupted" if scheduler.signal_name else "incomplete" if not_started else "finished"
-    if not_started and not scheduler.signal_name:
-        reason = budget.reached() or "stopped early"
-        progress.notice(f"miniswe: {len(not_started)} task(s) not started ({reason}); rerun the same command to continue")
+    if unrun:
+        progress.notice(f"miniswe: {unrun}")
     run_dir.end_run(run, status, {"ran": state.finished, "kept": len(kept), "exit_code": code})
     return BatchResult(code, run_dir.path, report, markdown, state.finished, len(kept), not_started)
 

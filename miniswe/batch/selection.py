@@ -30,7 +30,7 @@ def select_tasks(
         except re.error as error:
             raise UsageError(f"--filter {filter!r}: not a valid regular expression ({error})") from None
         chosen = [task for task in chosen if pattern.search(task.id)]
-    if shuffle:
+    if shuffle or seed is not None:  # a seed says a shuffle is wanted
         random.Random(0 if seed is None else seed).shuffle(chosen)
     if slice:
         start, stop = parse_slice(slice)

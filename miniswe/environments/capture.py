@@ -56,8 +56,12 @@ class BoundedBuffer:
             return whole, len(whole), 0
         head = self.head.decode("utf-8", errors="replace")
         tail = self.tail.decode("utf-8", errors="replace")
-        notice = f"\n[... {elided} bytes of output elided by miniswe ...]\n"
-        return head + notice + tail, len(head) + elided + len(tail), elided
+        return head + elision_notice(elided) + tail, len(head) + elided + len(tail), elided
+
+
+def elision_notice(elided: int) -> str:
+    """What stands in an output, between its head and tail, for the bytes the capture did not keep."""
+    return f"\n[... {elided} bytes of output elided by miniswe ...]\n"
 
 
 class ExitWatch(Protocol):
