@@ -28,6 +28,7 @@ Script: a JSON (or .yaml/.yml) list of items, served one per chat completion req
   {"status": 429, "retry_after": 2}   error with Retry-After; {"status": N, "body": {...}} custom body
   {"broken_json": true}  truncated 200 body    {"close": true}  drop the connection
   {"stall": S} / {"latency": S}  sleep S seconds before answering
+  {"trickle": S}  send the body one byte every S seconds   {"cut_at": N}  send N bytes of the body, hang up
 A JSON object {"replies": [...], "default": item} is accepted too.
 """
 
@@ -154,7 +155,37 @@ class _Handler(BaseHTTPRequestHandler):
         data = payload if isinstance(payload, str) else json.dumps(payload)
         if spec.get("broken_json"):
             data = data[: len(data) // 2]
-        self._send(status, data, headers)
+        if spec.get("trickle"):
+            self._trickle(status, data.encode(), spec["trickle"])
+        elif spec.get("cut_at") is not None:
+            self._cut(status, data.encode(), spec["cut_at"])
+        else:
+            self._send(status, data, headers)
+
+    def _trickle(self, status, data, interval):
+        """Headers at once, then the body one byte every `interval` seconds: each read is quick, the answer never ends."""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.flush()
+        try:
+            for byte in data:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(interval)
+        except OSError:
+            pass
+
+    def _cut(self, status, data, at):
+        """Announce the whole body, send its first `at` bytes, and hang up."""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[:at])
+        self.wfile.flush()
+        self.close_connection = True
 
     def _send(self, status, payload, headers=None):
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()

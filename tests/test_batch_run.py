@@ -4,6 +4,7 @@ import io
 import json
 import os
 import signal
+import shlex
 import subprocess
 import time
 
@@ -359,7 +360,10 @@ def test_sigint_twice_stops_at_once_and_kills_running_commands(tmp_path):
         records = by_id(run)
         assert len(records) == 2 and {r["exit_status"] for r in records.values()} == {"Interrupted"}
         for record in records.values():
-            assert recorded(str(run / record["trajectory"]))["exit_status"] == "Interrupted"
+            data = recorded(str(run / record["trajectory"]))
+            assert data["exit_status"] == "Interrupted"
+            killed = data["steps"][-1]  # recorded as cut short, with what it had printed: not as an ordinary step
+            assert killed["aborted"] == "SIGINT" and killed["returncode"] is None
         for pid_file in run.glob("*/workspace/pid"):
             pid = int(pid_file.read_text())
             with pytest.raises(ProcessLookupError):
@@ -475,3 +479,16 @@ def test_merge_of_some_shards_says_which_are_missing(tmp_path, cli, counting_ser
     assert merged.returncode == 0, merged.stderr
     assert "**Not merged:** shard(s) 2/3" in merged.stdout
     assert json.loads((tmp_path / "part" / "run.json").read_text())["missing_shards"] == ["2/3"]
+
+
+def test_a_batch_whose_reader_went_away_still_finishes_and_records_its_end(tmp_path):
+    """`miniswe batch ... 2>&1 >/dev/null | head -2`: the progress has nowhere to go after two lines."""
+    write_tasks(tmp_path / "tasks.yaml", [task(f"t{i}", 2) for i in range(6)])
+    with ScriptedServer(default=COUNTER) as server:
+        command = shlex.join(miniswe_cmd("batch", "tasks.yaml", "-o", "run", "--base-url", server.base_url, "-m", "m"))
+        done = subprocess.run(["bash", "-c", f"set -o pipefail; {command} 2>&1 >/dev/null | head -2"], cwd=tmp_path,
+                              env=clean_env(), capture_output=True, text=True, timeout=120)
+        assert len(done.stdout.splitlines()) == 2
+        assert done.returncode == 0, done.stderr  # pipefail: miniswe's own exit code
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "finished"
+    assert len(by_id(tmp_path / "run")) == 6

@@ -1,6 +1,9 @@
 """`miniswe run` as a user runs it: a real subprocess against a scripted server on 127.0.0.1."""
 
 import json
+import os
+import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -338,3 +341,128 @@ def test_odd_reply_shapes_are_retried_or_read_not_crashed_on(cli, server, tmp_pa
     assert result.returncode == 0, result.stderr
     data = traj(tmp_path)
     assert data["steps"][0]["output"] == "parts\n" and data["usage"]["retries"] == 1
+
+
+# ---------------------------------------------------------------- every wait is bounded
+
+
+def test_a_stalled_endpoint_is_bounded_by_the_time_limit(cli, server, tmp_path):
+    server.push({"stall": 30, "content": SUBMIT})
+    started = time.monotonic()
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "--time-limit", "2")
+    assert time.monotonic() - started < 6
+    assert result.returncode == 1, result.stderr
+    data = traj(tmp_path)
+    assert data["exit_status"] == "TimeExceeded" and "during a model call" in data["exit_detail"]
+
+
+def test_a_retry_after_beyond_the_time_limit_ends_the_run_at_once(cli, server, tmp_path):
+    server.push({"status": 429, "retry_after": 100000}, SUBMIT)
+    started = time.monotonic()
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "--time-limit", "3")
+    assert time.monotonic() - started < 3
+    assert result.returncode == 1, result.stderr
+    data = traj(tmp_path)
+    assert data["exit_status"] == "TimeExceeded" and "429" in data["exit_detail"] and len(server.requests) == 1
+
+
+def test_an_answer_trickling_in_is_bounded_as_a_whole(cli, server, tmp_path):
+    server.push({"trickle": 0.2, "content": SUBMIT}, SUBMIT)
+    started = time.monotonic()
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.timeout=2", "-c", "model.max_backoff=0.01")
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 8, "each byte came in time, the whole answer did not"
+    assert traj(tmp_path)["usage"]["retries"] == 1 and "no complete answer within 2s" in result.stderr
+
+
+def test_an_answer_cut_mid_body_is_retried(cli, server, tmp_path):
+    server.push({"cut_at": 13, "content": SUBMIT}, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.max_backoff=0.01")
+    assert result.returncode == 0, result.stderr
+    assert traj(tmp_path)["usage"]["retries"] == 1
+
+
+def test_absurd_usage_figures_count_as_zero_with_one_warning(cli, server, tmp_path):
+    absurd = {"usage": {"total_tokens": -1e6, "prompt_tokens": 1e300, "completion_tokens": 5}, "cost": -5}
+    server.push({"content": act("true"), **absurd}, {"content": act("true"), **absurd},
+                {"content": act("true"), "usage": {"total_tokens": 600}}, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "--token-limit", "500")
+    data = traj(tmp_path)
+    assert data["exit_status"] == "LimitsExceeded" and data["usage"]["cost"] == 0 and data["usage"]["model_calls"] == 3
+    assert data["usage"]["total_tokens"] == 5 + 5 + 600, "refused figures count as 0; a total falls back to its parts"
+    assert len(data["warnings"]) == 1 and "total_tokens=-1000000.0" in data["warnings"][0]
+    assert result.stderr.count("unusable usage figures") == 1
+
+
+# ---------------------------------------------------------------- failures are one line with the documented code
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a tiny file system")
+@pytest.mark.parametrize("mount", ["size=64k", "ro"], ids=["disk-full-mid-run", "read-only"])
+def test_a_trajectory_that_cannot_be_saved_is_one_line_and_exit_3(server, tmp_path, mount):
+    server.push(act("echo one"), act("seq 1 100000"), *[act("true")] * 5)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o {mount} tmpfs {disk} && cd {tmp_path} && "
+              f"exec {shlex.join(miniswe_cmd('run', 'x', *endpoint(server), '-q', '-o', str(disk / 't.json')))}")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=clean_env(),
+                            timeout=60)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.startswith("miniswe: cannot save the trajectory") and len(result.stderr.splitlines()) == 1
+    assert "free some space or make its folder writable" in result.stderr
+
+
+def test_a_trajectory_path_through_a_file_is_one_line_and_exit_3(cli, server, tmp_path):
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    server.push(SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "notes.txt/t.json")
+    assert result.returncode == 3 and result.stderr.startswith("miniswe: cannot save the trajectory"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and server.requests == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-c", "model.prices.prompt=x"], "-c model.prices.prompt=x: model.prices.prompt: expected a number"),
+    (["-c", "protocol.submit_marker="], "protocol.submit_marker: must not be empty"),
+    (["-c", "protocol.action_tags="], "protocol.action_tags: must not be empty"),
+    (["-c", "environment.timeout=1.0e+10"], "environment.timeout: 1e+10 is too large"),
+    (["--cwd", "/nonexistent/dir"], "--cwd /nonexistent/dir: no such directory"),
+], ids=["price-not-a-number", "empty-marker", "no-action-tags", "huge-timeout", "missing-cwd"])
+def test_dangerous_or_broken_settings_are_refused_before_anything_runs(cli, server, tmp_path, args, message):
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().startswith("miniswe: ") and message in result.stderr and len(result.stderr.splitlines()) == 1
+    assert server.requests == [] and not (tmp_path / "t.json").exists()
+
+
+def test_template_problems_are_refused_before_anything_runs(cli, server, tmp_path):
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "instance.j2").write_text("{{ task }} in {{ instance.repo }}\n")
+    missing = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", f"agent.templates_dir={templates}")
+    assert missing.returncode == 2 and "instance.j2" in missing.stderr and "repo" in missing.stderr
+    (templates / "instance.j2").write_bytes(b"{{ task }} \xff\xfe\n")
+    latin = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", f"agent.templates_dir={templates}")
+    assert latin.returncode == 2 and "not UTF-8" in latin.stderr and len(latin.stderr.splitlines()) == 1
+    assert server.requests == []
+
+
+def test_odd_content_parts_are_read_not_crashed_on(cli, server, tmp_path):
+    parts = {"body": {"choices": [{"message": {"role": "assistant", "content": [{"text": 5}, {"text": act("echo ok")}, "x"]},
+                                   "finish_reason": "stop"}]}}
+    server.push(parts, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json")
+    assert result.returncode == 0, result.stderr
+    assert traj(tmp_path)["steps"][0]["output"] == "ok\n"
+
+
+def test_a_submission_larger_than_the_capture_is_refused_not_cut(cli, server, tmp_path):
+    server.push(act("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; seq 1 300000"))
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "environment.capture_limit=100000")
+    assert result.returncode == 1, result.stderr
+    data = traj(tmp_path)
+    assert data["exit_status"] == "LimitsExceeded" and data["submission"] is None
+    assert "environment.capture_limit" in data["exit_detail"]
+    server.push(act("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; seq 1 300000"))
+    whole = cli("run", "x", *endpoint(server), "-o", "t2.json", "-c", "environment.capture_limit=0")
+    assert whole.returncode == 0, whole.stderr
+    assert json.loads((tmp_path / "t2.json").read_text())["submission"] == "".join(f"{i}\n" for i in range(1, 300001))
