@@ -83,9 +83,6 @@ def main() -> None:
 
     helps = [child_peak_rss([sys.executable, "-m", "miniswe", "--help"], work, env)[0] for _ in range(5)]
     rows.append(("miniswe --help wall (median of 5)", f"{statistics.median(helps):.3f} s", "< 0.25 s"))
-    replies = [*SLOW_LINES.values(), *(adversarial_reply(seed, 1 << 20) for seed in range(30))]
-    worst = max(parse_seconds(text) for text in replies)
-    rows.append((f"parse_command, worst of {len(replies)} adversarial 1 MB replies", f"{worst * 1000:.0f} ms", "< 1000 ms"))
 
     with ScriptedServer([SUBMIT] * 5) as server:
         one = [child_peak_rss([sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m",
@@ -118,6 +115,10 @@ def main() -> None:
         wall, rss, code = child_peak_rss([sys.executable, "-m", "miniswe", "run", "flood", "--base-url", server.base_url,
                                           "-m", "m", "-q", "-o", "flood.json"], work, env)
     rows.append(("peak RSS, 3 commands x 100 MB output", f"{rss:.1f} MB", "< 80 MB"))
+
+    # last: the replies make this process large, and a child's peak RSS (wait4) starts at its parent's size
+    worst = max(parse_seconds(text) for text in (*SLOW_LINES.values(), *(adversarial_reply(seed, 1 << 20) for seed in range(30))))
+    rows.append(("parse_command, worst of 33 adversarial 1 MB replies", f"{worst * 1000:.0f} ms", "< 1000 ms"))
 
     width = max(len(r[0]) for r in rows)
     print(f"miniswe core benchmark ({args.steps} steps x {args.rounds} rounds; python {sys.version.split()[0]}; {os.cpu_count()} cores)")

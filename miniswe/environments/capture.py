@@ -23,40 +23,64 @@ KILLED_WAIT_S = 5.0  # a SIGKILLed process ends at once; this only bounds a kern
 
 
 class BoundedBuffer:
-    """Keeps the first and last `limit // 2` bytes of a stream and the total size; all of it for limit 0."""
+    """Keeps the first and last `limit // 2` bytes of a stream and the total size; all of it for limit 0.
+
+    The tail is a ring of fixed size, filled in place: memory does not depend on how much a command prints,
+    nor on how the allocator copes with a buffer that grows and shrinks (it never does here).
+    """
 
     def __init__(self, limit: int):
-        if limit <= 0:
-            limit = 1 << 62  # 0 means unlimited, as everywhere else in the config
+        self.unlimited = limit <= 0  # 0 means unlimited, as everywhere else in the config
         self.head_limit = limit // 2
         self.tail_limit = limit - self.head_limit
         self.head = bytearray()
-        self.tail = bytearray()
+        self.ring: bytearray | None = None  # allocated once the head is full
+        self.ring_end = 0  # where the next byte goes
+        self.ring_full = False
         self.total = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         self.total += len(data)
+        if self.unlimited:
+            self.head += data
+            return
         room = self.head_limit - len(self.head)
         if room > 0:
             self.head += data[:room]
             data = data[room:]
-        if data:
-            self.tail += data
-            # trim lazily so a flood costs one memmove per tail_limit bytes, not per chunk
-            if len(self.tail) > 2 * self.tail_limit:
-                del self.tail[: len(self.tail) - self.tail_limit]
+        if not data:
+            return
+        if self.ring is None:
+            self.ring = bytearray(self.tail_limit)
+        size = self.tail_limit
+        if len(data) >= size:
+            self.ring[:] = data[len(data) - size :]
+            self.ring_end, self.ring_full = 0, True
+            return
+        first = min(len(data), size - self.ring_end)
+        self.ring[self.ring_end : self.ring_end + first] = data[:first]
+        self.ring[: len(data) - first] = data[first:]
+        if self.ring_end + len(data) >= size:
+            self.ring_full = True
+        self.ring_end = (self.ring_end + len(data)) % size
+
+    def _tail(self) -> bytes:
+        if self.ring is None:
+            return b""
+        if not self.ring_full:
+            return bytes(self.ring[: self.ring_end])
+        return bytes(self.ring[self.ring_end :] + self.ring[: self.ring_end])
 
     def text(self) -> tuple[str, int, int]:
         """(kept text, full size, elided size). Undecodable bytes become U+FFFD."""
-        if len(self.tail) > self.tail_limit:
-            del self.tail[: len(self.tail) - self.tail_limit]
-        elided = self.total - len(self.head) - len(self.tail)
+        tail = self._tail()
+        elided = self.total - len(self.head) - len(tail)
         if not elided:
-            whole = (self.head + self.tail).decode("utf-8", errors="replace")
+            whole = (bytes(self.head) + tail).decode("utf-8", errors="replace")
             return whole, len(whole), 0
         head = self.head.decode("utf-8", errors="replace")
-        tail = self.tail.decode("utf-8", errors="replace")
-        return head + elision_notice(elided) + tail, len(head) + elided + len(tail), elided
+        tail_text = tail.decode("utf-8", errors="replace")
+        return head + elision_notice(elided) + tail_text, len(head) + elided + len(tail_text), elided
 
 
 def elision_notice(elided: int) -> str:
@@ -93,6 +117,7 @@ def capture(
     started = time.monotonic() if started is None else started
     deadline = started + timeout
     buffer = BoundedBuffer(limit)
+    chunk = bytearray(CHUNK)  # every read lands here: no allocation per read
     os.set_blocking(fd, False)
     timed_out = eof = False
     code = None
@@ -106,12 +131,12 @@ def capture(
             ready, _, _ = select.select([ended] if eof else [fd, ended], [], [],
                                         min(remaining, getattr(ended, "poll_interval", remaining)))
             if fd in ready:
-                eof = _read_available(fd, buffer)
+                eof = _read_available(fd, buffer, chunk)
         kill()
         if timed_out:
             _await(ended, KILLED_WAIT_S)
         if not eof:
-            _drain(fd, buffer)
+            _drain(fd, buffer, chunk)
     except BaseException:
         kill()  # whatever ends the wait early must not leave the command running
         _await(ended, KILLED_WAIT_S)
@@ -182,24 +207,26 @@ def _result(buffer: BoundedBuffer, returncode: int | None, timed_out: bool, star
     )
 
 
-def _read_available(fd: int, buffer: BoundedBuffer) -> bool:
-    """Read what the pipe holds now (at most 16 chunks, so deadlines are checked during a flood); True at EOF."""
+def _read_available(fd: int, buffer: BoundedBuffer, chunk: bytearray) -> bool:
+    """Read what the pipe holds now into `chunk` (at most 16 times, so deadlines are checked during a flood);
+    True at EOF."""
+    view = memoryview(chunk)
     for _ in range(16):
         try:
-            data = os.read(fd, CHUNK)
+            count = os.readv(fd, [chunk])
         except BlockingIOError:
             return False
-        if not data:
+        if not count:
             return True
-        buffer.feed(data)
+        buffer.feed(view[:count])
     return False
 
 
-def _drain(fd: int, buffer: BoundedBuffer) -> None:
+def _drain(fd: int, buffer: BoundedBuffer, chunk: bytearray) -> None:
     """Collect output already written by the finished command, without waiting on a holder that escaped."""
     deadline = time.monotonic() + DRAIN_MAX_S
     while time.monotonic() < deadline and select.select([fd], [], [], DRAIN_QUIET_S)[0]:
-        if _read_available(fd, buffer):
+        if _read_available(fd, buffer, chunk):
             return
 
 
