@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,11 +73,37 @@ class Agent:
 
     def run(self, task: str, instance: dict[str, Any] | None = None) -> Outcome:
         """Run until submission, a limit or a stop; the trajectory is on disk after every step."""
-        self.limits = Limits(self.config.agent)
-        self.trajectory.describe(model=self.model.describe())
+        self._begin()
         self._add("system", self.renderer.render("system.j2", **self.variables))
         self._add("user", self.renderer.render("instance.j2", task=task, instance=instance or {}, **self.variables))
         self.trajectory.save()
+        return self._loop()
+
+    def resume(self) -> Outcome:
+        """Go on with the conversation the trajectory holds, from its last finished step: the model sees exactly
+        what it saw, and no call is made again. A command cut short (the run's end, or miniswe's death while it
+        ran) is reported to the model as such, not run again behind its back."""
+        self._begin()
+        trajectory = self.trajectory
+        self.messages = [{"role": m.role, "content": m.content} for m in trajectory.messages]
+        self.format_errors = 0
+        for step in reversed(trajectory.steps):
+            if not step.format_error:
+                break
+            self.format_errors += 1
+        if trajectory.pending is not None:  # miniswe died while its command ran: what it did is unknown
+            self._record(dataclasses.replace(trajectory.pending, aborted="miniswe stopped", returncode=None))
+        last = trajectory.steps[-1] if trajectory.steps else None
+        if last and last.aborted and not any(m.step == last.step and m.role == "user" for m in trajectory.messages):
+            self._observe_step(last, self.config.environment.timeout)
+        trajectory.save()
+        return self._loop()
+
+    def _begin(self) -> None:
+        self.limits = Limits(self.config.agent)
+        self.trajectory.describe(model=self.model.describe())
+
+    def _loop(self) -> Outcome:
         while True:
             outcome = self.stop.outcome or self.limits.reached(self.trajectory.usage) or self.step()
             self.trajectory.save()
@@ -99,19 +126,22 @@ class Agent:
         except FormatError as error:
             return self._reject(number_, call, error)
         self.format_errors = 0
+        self.trajectory.set_pending(Step(number_, command=command, **call))
+        self.trajectory.save()  # the reply is paid for: on disk before its command runs
         timeout = self.limits.command_timeout(self.config.environment.timeout)
         with self.stop.cancelling(self.env.interrupt):
             result = self.env.execute(command, timeout=timeout)
         output = self.scrub(result.output)  # a command that found a secret (a .env file) must not record it
         aborted = self._aborted(result)
-        self._record(Step(number_, command=command, returncode=result.returncode, timed_out=result.timed_out,
-                          output=output, output_chars=result.output_chars, elided_chars=result.elided_chars,
-                          duration_s=round(result.duration_s, 4), aborted=aborted, **call))
+        step = Step(number_, command=command, returncode=result.returncode, timed_out=result.timed_out,
+                    output=output, output_chars=result.output_chars, elided_chars=result.elided_chars,
+                    duration_s=round(result.duration_s, 4), aborted=aborted, **call)
+        self._record(step)
         if result.sandbox_error:
             raise SandboxError(result.sandbox_error)
         if result.interrupted:
             return self.stop.outcome or interrupted("SIGINT")
-        self._observe(number_, result, output, timeout)
+        self._observe_step(step, timeout)
         submitted = submission(output, result.returncode, self.config.protocol.submit_marker)
         if submitted is not None and result.elided_chars:
             # never a damaged submission: the middle of this one was not kept
@@ -147,14 +177,14 @@ class Agent:
         self._add("user", guidance, number_)
         return None
 
-    def _observe(self, number_: int, result: CommandResult, output: str, timeout: float) -> None:
-        view, not_shown = bounded_view(output, self.config.agent.output_limit, result.elided_chars)
+    def _observe_step(self, step: Step, timeout: float) -> None:
+        view, not_shown = bounded_view(step.output, self.config.agent.output_limit, step.elided_chars)
         observation = self.renderer.render(
-            "observation.j2", output=view, returncode=result.returncode, timed_out=result.timed_out,
-            command_timeout=number(round(timeout, 1)), elided_chars=not_shown,
-            output_chars=result.output_chars, duration_s=round(result.duration_s, 3),
+            "observation.j2", output=view, returncode=step.returncode, timed_out=step.timed_out,
+            command_timeout=number(round(timeout, 1)), elided_chars=not_shown, output_chars=step.output_chars,
+            duration_s=round(step.duration_s, 3), aborted=step.aborted,
         )
-        self._add("user", observation, number_)
+        self._add("user", observation, step.step)
 
     def _record(self, step: Step) -> None:
         self.trajectory.record_step(step)

@@ -17,7 +17,8 @@ PROMPT_VARIABLES = ("action_tag", "submit_marker", "command_timeout", "output_li
 VARIABLES = {
     "system.j2": set(PROMPT_VARIABLES),
     "instance.j2": {"task", "instance", *PROMPT_VARIABLES},
-    "observation.j2": {"output", "returncode", "timed_out", "command_timeout", "elided_chars", "output_chars", "duration_s"},
+    "observation.j2": {"output", "returncode", "timed_out", "command_timeout", "elided_chars", "output_chars", "duration_s",
+                       "aborted"},
     "format_error.j2": {"reason", "error", "action_tag", "submit_marker", "errors_left"},
 }
 

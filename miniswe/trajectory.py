@@ -127,6 +127,9 @@ class Trajectory:
         self.evaluation: list[CommandRecord] = []
         self.resolved: bool | None = None
         self.warnings: list[str] = []
+        self.pending: Step | None = None  # a reply whose command has not finished: on disk, so resuming repeats no call
+        self.resumes: list[dict[str, Any]] = []  # each time the run was continued: when, from which step, what changed
+        self.parent: dict[str, Any] | None = None  # the run this one was forked from, and at which step
         self.extra: dict[str, Any] = {}  # top-level keys this version does not know, kept as they were
         self._redact = redact or (lambda text: text)
         self._messages_json: list[bytes] = []
@@ -148,6 +151,11 @@ class Trajectory:
     def record_step(self, step: Step) -> None:
         self.steps.append(step)
         self._steps_json.append(self._encode(step.to_dict()))
+        self.pending = None
+
+    def set_pending(self, step: Step) -> None:
+        """The step a reply asked for, before its command runs; `record_step` replaces it."""
+        self.pending = step
 
     def add_usage(self, usage: Usage) -> None:
         self.usage.add(usage)
@@ -168,6 +176,13 @@ class Trajectory:
 
     def warn(self, message: str) -> None:
         self.warnings.append(self._redact(message))
+
+    def reopen(self, **record: Any) -> None:
+        """Continue a run that ended without a verdict (or never ended): its end is cleared, and the resume is
+        recorded with `record` (when, from which step, what changed)."""
+        self.outcome = None
+        self.ended = None
+        self.resumes.append({"at": now_iso(), "from_step": len(self.steps), "miniswe_version": __version__, **record})
 
     def finish(self, outcome: Outcome) -> None:
         """The run's end; its detail and submission are redacted here, so all that derives from them is clean."""
@@ -211,6 +226,12 @@ class Trajectory:
             data["resolved"] = self.resolved
         if self.warnings:
             data["warnings"] = list(self.warnings)
+        if self.pending is not None:
+            data["pending"] = self.pending.to_dict()
+        if self.resumes:
+            data["resumes"] = self.resumes
+        if self.parent is not None:
+            data["parent"] = self.parent
         return {**self.extra, **data}
 
     def to_dict(self) -> dict[str, Any]:
@@ -263,7 +284,11 @@ class Trajectory:
                                                                  ("command", "returncode", "timed_out", "output", "duration_s")}))
         trajectory.resolved = data.get("resolved")
         trajectory.warnings = list(data.get("warnings") or [])
-        known = set(trajectory.header()) | {"messages", "steps", "setup", "evaluation", "resolved", "warnings"}
+        trajectory.pending = Step.from_dict(data["pending"]) if isinstance(data.get("pending"), dict) else None
+        trajectory.resumes = list(data.get("resumes") or [])
+        trajectory.parent = data.get("parent") if isinstance(data.get("parent"), dict) else None
+        known = set(trajectory.header()) | {"messages", "steps", "setup", "evaluation", "resolved", "warnings",
+                                            "pending", "resumes", "parent"}
         trajectory.extra = {k: v for k, v in data.items() if k not in known}
         return trajectory
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 # A reported figure above these is a broken or hostile endpoint, not a real call: it would make limits useless.
@@ -27,7 +27,7 @@ class Usage:
         self.cost = round(self.cost, 8)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {key: getattr(self, key) for key in _KEYS}  # asdict's deep copy costs more, at every save
 
     @classmethod
     def from_dict(cls, data: Any) -> Usage:
