@@ -50,45 +50,83 @@ def run(
     task_file: Annotated[Optional[str], typer.Option("--task-file", "-t", help="Read the task text from a file.")] = None,
     config: ConfigOpt = [],
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Trajectory path (default: trajectories/<run id>-<task>.traj.json).")] = None,
+    resume: Annotated[Optional[str], typer.Option("--resume", metavar="TRAJ", help="Go on with a run that ended without a verdict, in its own file.")] = None,
+    fork: Annotated[Optional[str], typer.Option("--fork", metavar="TRAJ", help="Go on with a copy of a run from --from-step N, into -o NEW.")] = None,
+    from_step: Annotated[Optional[int], typer.Option("--from-step", metavar="N", help="With --fork: how many of its steps the fork keeps.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="With --resume/--fork: go on even if the fresh environment does not replay the recording.")] = False,
     quiet: QuietOpt = False,
     *,
     flags: dict,
 ) -> None:
-    """Solve one task, showing each step.
+    """Solve one task, showing each step; or go on with a recorded run (--resume, --fork).
 
     Steps go to stderr, the final line to stdout. Exit codes: 0 submitted, 1 stopped without submitting,
     2 bad input, 3 infrastructure failure, 129/130/143 interrupted (SIGHUP/SIGINT/SIGTERM).
     """
     from miniswe.errors import MinisweError, UsageError
-    from miniswe.status import ExitStatus, run_exit_code
 
     try:
-        task = _read_task(task, task_file)
-        cfg = resolve_config(config, flags)
         from miniswe.display import make_display, summary_line
-        from miniswe.output import add_secrets
-        from miniswe.redaction import run_secrets
-        from miniswe.runner import check_ready, default_trajectory_path, new_run_id, run_task
         from miniswe.signals import SignalHandlers, Stop
 
-        add_secrets(run_secrets(cfg))
-        cwd = cfg.environment.cwd
-        if cfg.environment.kind == "local" and cwd and not os.path.isdir(cwd):
-            where = f"--cwd {cwd}" if flags["cwd"] else f"environment.cwd: {cwd}"
-            raise UsageError(f"{where}: no such directory; create it or give an existing one")
-        renderer = check_ready(cfg, task)
-        _warn_orphans(cfg)
-        run_id = new_run_id()
-        path = output or default_trajectory_path(task, run_id)
-        if os.path.isdir(path):
-            raise UsageError(f"-o {path}: is a directory; give a file path such as {os.path.join(path, 'run.traj.json')}")
         display = make_display(quiet)
         stop = Stop()
-        with SignalHandlers(stop, first_urgent=True):
-            result = run_task(cfg, task, path, run_id=run_id, renderer=renderer, stop=stop, observers=[display.step],
-                              notify=display.notice)
+        services = {"stop": stop, "observers": [display.step], "notify": display.notice}
+        if resume or fork:
+            if task or task_file:
+                raise UsageError("--resume and --fork go on with the recorded task: give no task text")
+            from miniswe import resume as resuming
+
+            services["on_check"] = lambda checked: display.notice(_checked_line(checked))
+            with SignalHandlers(stop, first_urgent=True):
+                result = (resuming.resume(resume, config, flags, force=force, **services) if resume else
+                          resuming.fork_run(fork, from_step, output, config, flags, force=force, **services))
+            if result.diverged:
+                print(f"miniswe: stopped: the fresh environment does not replay the recording at {result.diverged}; "
+                      "pass --force to go on anyway", file=sys.stderr)
+                if result.diverged.diff:
+                    print(result.diverged.diff, file=sys.stderr)
+                raise typer.Exit(3)
+        else:
+            result = _run_new(_read_task(task, task_file), config, flags, output, stop, services)
     except MinisweError as error:
         fail(error)
+    _report_end(result, display, summary_line)
+
+
+def _checked_line(checked) -> str:
+    verdict = f"differs: {checked.divergence.what}" if checked.divergence else "matches"
+    return f"replayed {checked.where}: {verdict}" + (f" ({checked.note})" if checked.note else "")
+
+
+def _run_new(task: str, config: list[str], flags: dict, output: str | None, stop, services: dict):
+    """A new run of `task`: its config checked, then run with signals turned into a stop."""
+    from miniswe.errors import UsageError
+    from miniswe.output import add_secrets
+    from miniswe.redaction import run_secrets
+    from miniswe.runner import check_ready, default_trajectory_path, new_run_id, run_task
+    from miniswe.signals import SignalHandlers
+
+    cfg = resolve_config(config, flags)
+    add_secrets(run_secrets(cfg))
+    cwd = cfg.environment.cwd
+    if cfg.environment.kind == "local" and cwd and not os.path.isdir(cwd):
+        where = f"--cwd {cwd}" if flags["cwd"] else f"environment.cwd: {cwd}"
+        raise UsageError(f"{where}: no such directory; create it or give an existing one")
+    renderer = check_ready(cfg, task)
+    _warn_orphans(cfg)
+    run_id = new_run_id()
+    path = output or default_trajectory_path(task, run_id)
+    if os.path.isdir(path):
+        raise UsageError(f"-o {path}: is a directory; give a file path such as {os.path.join(path, 'run.traj.json')}")
+    with SignalHandlers(stop, first_urgent=True):
+        return run_task(cfg, task, path, run_id=run_id, renderer=renderer, **services)
+
+
+def _report_end(result, display, summary_line) -> NoReturn:
+    """The run's end: one line on stderr for a run that did not submit, the summary line on stdout, the exit code."""
+    from miniswe.status import ExitStatus, run_exit_code
+
     outcome = result.outcome
     last = (outcome.detail or "").strip().splitlines()[-1:] or [""]
     if outcome.status is ExitStatus.ERROR:
@@ -139,6 +177,66 @@ def batch(
         _run_batch(cfg, options)
     except MinisweError as error:
         fail(error)
+
+
+@app.command()
+def replay(
+    trajectory: Annotated[str, typer.Argument(help="A trajectory to run again.")],
+    config: ConfigOpt = [],
+    cwd: Annotated[Optional[str], typer.Option("--cwd", metavar="DIR", help="Replay in this directory (a local run; default: the recorded one).")] = None,
+    until: Annotated[Optional[int], typer.Option("--until", metavar="N", help="Stop after step N.")] = None,
+    mask: Annotated[list[str], typer.Option("--mask", metavar="REGEX", help="Also mask output matching this before comparing; repeatable.")] = [],
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Print only the verdict.")] = False,
+) -> None:
+    """Run a recorded run's commands again, without the model, and say where the outputs diverge.
+
+    Exit codes: 0 every command gave its recorded output, 1 a divergence, 2 bad input, 3 the environment failed.
+    """
+    from miniswe.errors import MinisweError
+
+    try:
+        from miniswe.output import add_secrets
+        from miniswe.redaction import restore_secrets, run_secrets
+        from miniswe.replay import replay_recording
+        from miniswe.signals import SignalHandlers, Stop
+        from miniswe.trajectory import load
+
+        recording = load(trajectory)
+        cfg = resolve_config(config, {"cwd": cwd}, base=restore_secrets(recording.config))
+        if mask:
+            from miniswe.config import override
+
+            cfg = override(cfg, replay={"masks": [*cfg.replay.masks, *mask]})
+        add_secrets(run_secrets(cfg))
+        if cfg.environment.kind == "local":
+            where = os.path.abspath(cfg.environment.cwd or recording.environment.get("cwd") or os.getcwd())
+            cfg = override_cwd(cfg, where)
+            print(f"miniswe: replaying in {where}: whatever the original run left there is there still "
+                  "(--cwd DIR replays in another directory, a fresh checkout say)", file=sys.stderr)
+        stop = Stop()
+
+        def progress(checked) -> None:
+            if not quiet:
+                print(f"miniswe: {_checked_line(checked)}", file=sys.stderr, flush=True)
+
+        with SignalHandlers(stop, first_urgent=True) as signals:
+            count, divergence = replay_recording(recording, cfg, until=until, stop=stop, on_check=progress)
+    except MinisweError as error:
+        fail(error)
+    if signals.signal_name:
+        from miniswe.status import signal_exit_code
+
+        raise typer.Exit(signal_exit_code(signals.signal_name))
+    if divergence:
+        print(f"diverged at {divergence}" + (f"\n{divergence.diff}" if divergence.diff else ""), flush=True)
+        raise typer.Exit(1)
+    print(f"matched: {count} command(s) gave their recorded output", flush=True)
+
+
+def override_cwd(cfg, cwd: str):
+    from miniswe.config import override
+
+    return override(cfg, environment={"cwd": cwd})
 
 
 @app.command()

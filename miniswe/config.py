@@ -43,12 +43,31 @@ class ProtocolConfig:
                                metadata={"nonempty": True})  # first output line that ends the run as Submitted
 
 
+# What legitimately differs between two runs of the same command: timestamps, clock times, durations,
+# temporary paths, addresses, process ids.
+REPLAY_MASKS = [
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?",
+    r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d{2}:\d{2}:\d{2}(?: [A-Z]{2,5})? \d{4}",
+    r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b",
+    r"\b\d+(?:\.\d+)? ?(?:ms|s|sec|secs|seconds)\b",
+    r"/tmp/[\w.-]+",
+    r"\b0x[0-9a-fA-F]{6,}\b",
+    r"(?i)\bpid\W{0,3}\d+",
+]
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    masks: list[str] = field(default_factory=lambda: list(REPLAY_MASKS), metadata={"regexes": True})  # regexes for output that varies between runs; masked before outputs are compared
+
+
 @dataclass(frozen=True)
 class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     environment: EnvironmentConfig = field(default_factory=lambda: environment_config_class("local")())
     model: ModelConfig = field(default_factory=lambda: model_config_class("openai")())
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -59,8 +78,8 @@ PLUGGABLE = {
     "environment": (EnvironmentConfig, environment_config_class, ENVIRONMENT_KINDS),
     "model": (ModelConfig, model_config_class, MODEL_KINDS),
 }
-FIXED = {"agent": AgentConfig, "protocol": ProtocolConfig}
-SECTIONS = ("agent", "protocol", "environment", "model")
+FIXED = {"agent": AgentConfig, "protocol": ProtocolConfig, "replay": ReplayConfig}
+SECTIONS = ("agent", "protocol", "environment", "model", "replay")
 MAX_SECONDS = 366 * 86400.0  # a longer wait is a typo (and overflows the system's timers); 0 means none
 MAX_NUMBER = 1e15
 
@@ -305,6 +324,14 @@ def _check(hint: Any, spec: dataclasses.Field, value: Any, dotted: str, where: s
     if rules.get("nonempty") and (not value or (isinstance(value, list) and not all(item.strip() for item in value))
                                   or (isinstance(value, str) and not value.strip())):
         raise ConfigError(f"{where}: {dotted}: must not be empty (default: {_default(spec)!r})")
+    if rules.get("regexes"):
+        import re
+
+        for index, pattern in enumerate(value):
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ConfigError(f"{where}: {dotted}[{index}]: not a valid regular expression ({error})") from None
     choices = rules.get("choices")
     if choices and value not in choices:
         close = difflib.get_close_matches(str(value), choices, n=1)

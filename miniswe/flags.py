@@ -87,12 +87,12 @@ def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return sections
 
 
-def resolve_config(sources: list[str], flags: dict[str, Any]) -> Any:
-    """Defaults, then -c sources, then flags. $OPENAI_BASE_URL and $MINISWE_MODEL fill what config leaves
-    empty, for a model kind that has those settings."""
+def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, Any] | None = None) -> Any:
+    """Defaults (or `base`, a recorded config), then -c sources, then flags. $OPENAI_BASE_URL and
+    $MINISWE_MODEL fill what config leaves empty, for a model kind that has those settings."""
     from miniswe.config import load_config, override
 
-    config = load_config(*sources, flag_overrides(flags))
+    config = load_config(*([base] if base else []), *sources, flag_overrides(flags))
     from_env = {}
     for key, variable in (("base_url", "OPENAI_BASE_URL"), ("name", "MINISWE_MODEL")):
         if hasattr(config.model, key) and not getattr(config.model, key) and os.environ.get(variable):

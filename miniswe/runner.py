@@ -1,7 +1,8 @@
 """One run from config to finished trajectory: build the environment and model, set up, loop, evaluate, clean up.
 
-`miniswe run` and every task of `miniswe batch` go through `run_task`, the one place where whatever
-escapes a run (a model or sandbox failure, a bug, a stop) becomes its outcome.
+`miniswe run` and every task of `miniswe batch` go through `run_task`, a resumed or forked run through
+`continue_run`; both through `_drive`, the one place where whatever escapes a run (a model or sandbox
+failure, a bug, a stop) becomes its outcome.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from miniswe.environments import Environment, build_environment, check_environme
 from miniswe.limits import NO_TIMEOUT
 from miniswe.models import Model, model_class
 from miniswe.models.gate import CallGate
-from miniswe.redaction import masked_config, run_secrets
+from miniswe.redaction import Secrets, masked_config, run_secrets
+from miniswe.replay import Checked, Divergence, rerun
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
 from miniswe.templates import Renderer, prompt_variables
@@ -33,6 +35,7 @@ class RunResult:
     outcome: Outcome
     trajectory: Trajectory
     resolved: bool | None = None
+    diverged: Divergence | None = None  # a continued run stopped because its environment did not replay the same
 
 
 def new_run_id() -> str:
@@ -58,6 +61,16 @@ def check_ready(config: Config, task: str = "", instance: dict[str, Any] | None 
     return renderer
 
 
+class Diverged(Exception):
+    """The fresh environment did not give the recorded outputs: the continued run would not start where the
+    recording left off."""
+
+    def __init__(self, divergence: Divergence, previous: Outcome | None):
+        super().__init__(str(divergence))
+        self.divergence = divergence
+        self.previous = previous
+
+
 def run_task(
     config: Config,
     task: str,
@@ -68,6 +81,69 @@ def run_task(
     metadata: dict[str, Any] | None = None,
     setup: Sequence[str] = (),
     evaluate: Sequence[str] = (),
+    **services: Any,
+) -> RunResult:
+    """Run one task; whatever happens, the trajectory on disk ends with an exit status. `services`: renderer,
+    model, gate, stop, observers, notify (see `_drive`)."""
+    run_id = run_id or new_run_id()
+    secrets = run_secrets(config)
+    trajectory = Trajectory(
+        trajectory_path, task=task, config=masked_config(config.to_dict()), environment={"kind": config.environment.kind},
+        metadata={"run_id": run_id, **(metadata or {})}, redact=secrets.scrub,
+    )
+    trajectory.save()
+
+    def start(env: Environment, agent: Agent, stop: Stop) -> Outcome:
+        return _run_commands(env, setup, config, trajectory, stop, "setup") or agent.run(task, instance)
+
+    return _drive(config, trajectory, start, run_id=run_id, evaluate=evaluate, secrets=secrets, **services)
+
+
+def continue_run(
+    config: Config,
+    trajectory: Trajectory,
+    *,
+    rebuild: bool,
+    force: bool = False,
+    record: dict[str, Any] | None = None,
+    evaluate: Sequence[str] = (),
+    on_check: Callable[[Checked], None] = lambda checked: None,
+    **services: Any,
+) -> RunResult:
+    """Go on with a recorded run, in its own file (a resume) or in a fork's: from its last finished step, with
+    no model call made again. With `rebuild`, the recorded setup and commands run first in the fresh
+    environment, their outputs checked as `miniswe replay` checks them; a divergence stops here (the
+    trajectory keeps its previous end, `RunResult.diverged` says where) unless `force`."""
+    secrets = run_secrets(config)
+    trajectory.set_redaction(secrets.scrub)
+    previous = trajectory.outcome
+    trajectory.reopen(**(record or {}))
+    trajectory.save()
+
+    def start(env: Environment, agent: Agent, stop: Stop) -> Outcome:
+        if rebuild:
+            _, divergence = rerun(env, trajectory, masks=config.replay.masks, stop=stop,
+                                  timeout=config.environment.timeout, scrub=secrets.scrub, on_check=on_check)
+            if stop.outcome:
+                return stop.outcome
+            if divergence:
+                trajectory.resumes[-1]["diverged"] = str(divergence)
+                if not force:
+                    raise Diverged(divergence, previous)
+        return agent.resume()
+
+    return _drive(config, trajectory, start, run_id=trajectory.metadata.get("run_id") or new_run_id(),
+                  evaluate=evaluate, secrets=secrets, **services)
+
+
+def _drive(
+    config: Config,
+    trajectory: Trajectory,
+    start: Callable[[Environment, Agent, Stop], Outcome],
+    *,
+    run_id: str,
+    evaluate: Sequence[str],
+    secrets: Secrets,
     renderer: Renderer | None = None,
     model: Model | None = None,
     gate: CallGate | None = None,
@@ -75,17 +151,11 @@ def run_task(
     observers: Sequence[StepObserver] = (),
     notify: Callable[[str], None] = lambda message: None,
 ) -> RunResult:
-    """Run one task; whatever happens, the trajectory on disk ends with an exit status."""
-    run_id = run_id or new_run_id()
+    """Build the environment and the model, `start` the loop, evaluate, clean up: the one place where whatever
+    escapes a run becomes its outcome."""
     stop = stop or Stop()
-    secrets = run_secrets(config)
-    trajectory = Trajectory(
-        trajectory_path, task=task, config=masked_config(config.to_dict()), environment={"kind": config.environment.kind},
-        metadata={"run_id": run_id, **(metadata or {})}, redact=secrets.scrub,
-    )
-    trajectory.save()
     env: Environment | None = None
-    resolved = None
+    resolved = diverged = None
 
     def on_retry(message: str) -> None:
         trajectory.add_usage(Usage(retries=1))  # counted as it happens: a run stopped mid-wait keeps its count
@@ -95,22 +165,24 @@ def run_task(
         env = build_environment(config.environment, run_id=run_id, stop=stop,
                                 hidden_env=[getattr(config.model, "api_key_env", "")])
         trajectory.describe(environment=env.describe())
-        outcome = _run_commands(env, setup, config, trajectory, stop, "setup")
-        if outcome is None:
-            model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry)
-            agent = Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
-                          stop=stop, observers=observers, scrub=secrets.scrub, notify=notify)
-            outcome = agent.run(task, instance)
-            if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
-                resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
+        model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,
+                                     calls_made=trajectory.usage.model_calls)
+        agent = Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
+                      stop=stop, observers=observers, scrub=secrets.scrub, notify=notify)
+        outcome = start(env, agent, stop)
+        if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
+            resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
+            trajectory.set_resolved(resolved)
+        elif evaluate and outcome.status is ExitStatus.SUBMITTED:
+            failed = _run_commands(env, evaluate, config, trajectory, stop, "evaluation")
+            if failed is None or failed.status is ExitStatus.SETUP_ERROR:
+                resolved = failed is None
                 trajectory.set_resolved(resolved)
-            elif evaluate and outcome.status is ExitStatus.SUBMITTED:
-                failed = _run_commands(env, evaluate, config, trajectory, stop, "evaluation")
-                if failed is None or failed.status is ExitStatus.SETUP_ERROR:
-                    resolved = failed is None
-                    trajectory.set_resolved(resolved)
-                else:  # stopped mid-evaluation: no verdict, so the run counts as interrupted
-                    outcome = failed
+            else:  # stopped mid-evaluation: no verdict, so the run counts as interrupted
+                outcome = failed
+    except Diverged as error:  # the run keeps the end it had; one that had none stays without a verdict
+        diverged = error.divergence
+        outcome = error.previous or Outcome(ExitStatus.INTERRUPTED, f"resume stopped: {diverged}")
     except BaseException as error:
         outcome = outcome_of(error, stop.outcome)
     finally:
@@ -121,7 +193,7 @@ def run_task(
                 trajectory.warn(f"environment cleanup failed: {error}")
     trajectory.finish(outcome)
     trajectory.save()
-    return RunResult(outcome, trajectory, resolved)
+    return RunResult(outcome, trajectory, resolved, diverged)
 
 
 def _run_commands(env: Environment, commands: Sequence[str], config: Config, trajectory: Trajectory, stop: Stop,

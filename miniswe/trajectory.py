@@ -157,6 +157,10 @@ class Trajectory:
         """The step a reply asked for, before its command runs; `record_step` replaces it."""
         self.pending = step
 
+    def set_redaction(self, redact: Callable[[str], str]) -> None:
+        """Mask these secrets in what is recorded from now on (a loaded trajectory that goes on)."""
+        self._redact = redact
+
     def add_usage(self, usage: Usage) -> None:
         self.usage.add(usage)
 
@@ -328,6 +332,25 @@ def upgrade(data: Any, path: str) -> dict[str, Any]:
 def load(path: str, *, redact: Callable[[str], str] | None = None) -> Trajectory:
     """Read a trajectory, validating its format and upgrading an older version to the current one."""
     return Trajectory.from_dict(upgrade(read_document(path), path), path, redact=redact)
+
+
+def fork(parent: Trajectory, from_step: int, path: str, *, config: dict[str, Any], run_id: str,
+         redact: Callable[[str], str] | None = None) -> Trajectory:
+    """A new trajectory holding `parent`'s conversation up to the end of step `from_step` (its setup, messages,
+    steps and their usage), and recording which run and step it came from. The parent is not touched."""
+    if not 0 <= from_step <= len(parent.steps):
+        raise TrajectoryError(f"--from-step {from_step}: {parent.path} has steps 1 to {len(parent.steps)} (0 keeps none)")
+    child = Trajectory(path, task=parent.task, config=config, environment=parent.environment,
+                       metadata={**parent.metadata, "run_id": run_id}, redact=redact)
+    for message in parent.messages:
+        if message.step is None or message.step <= from_step:
+            child._append_message(message)
+    for step in parent.steps[:from_step]:
+        child.record_step(step)
+        child.add_usage(step.usage)
+    child.setup = list(parent.setup)
+    child.parent = {"trajectory": os.path.abspath(parent.path), "run_id": parent.metadata.get("run_id"), "from_step": from_step}
+    return child
 
 
 def close_unfinished(path: str, outcome: Outcome) -> Trajectory | None:

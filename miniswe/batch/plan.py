@@ -25,6 +25,7 @@ class Plan:
     config: Config
     trajectory: str  # absolute path of RUN_DIR/<id>/<id>.traj.json
     workspace: str | None  # the default per-task folder miniswe owns (wiped before each attempt); None for a given cwd
+    resume: bool = False  # go on with the task's recorded run (it ended without a verdict) instead of starting over
 
     @property
     def id(self) -> str:

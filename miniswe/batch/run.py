@@ -110,12 +110,12 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         run = run_dir.start_run(previous, _run_info(task_file, options, config, identity, len(selected)))
         ledger.compact()
         run_dir.write_preds(ledger.snapshot())
-        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream)
+        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo)
     finally:
         run_dir.unlock()
 
 
-def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream) -> BatchResult:
+def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo) -> BatchResult:
     """Run the scheduler over the thread executor, then write preds.json, report.md and run.json's end."""
     state = BatchState(len(plans), kept)
     progress = make_progress(options.quiet, stream)
@@ -127,7 +127,7 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
     budget = Budget(options.batch_cost_limit, options.batch_token_limit)
     shared = Shared(Stop(), Gates(options.max_concurrent_calls), renderers)
     scheduler = Scheduler(ledger=ledger, state=state, progress=progress, budget=budget, shared=shared,
-                          after_record=lambda record: run_dir.write_preds(ledger.snapshot))
+                          after_record=lambda record: run_dir.write_preds(ledger.snapshot), redo=redo)
     progress.begin(state)
     try:
         scheduler.run(todo, ThreadExecutor(min(options.workers, max(len(todo), 1))))

@@ -8,6 +8,7 @@ behind the same four methods without touching this loop.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import threading
 import time
@@ -15,15 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from miniswe.batch.ledger import Ledger, LedgerRecord
+from miniswe.batch.ledger import BUDGET_PREFIX, Ledger, LedgerRecord
+from miniswe.errors import TrajectoryError
 from miniswe.batch.plan import Plan, trajectory_name
 from miniswe.batch.progress import BatchState
 from miniswe.batch.worker import Event, StepFinished, TaskFinished, TaskStarted
 from miniswe.models.gate import CallGate
 from miniswe.signals import SignalHandlers, Stop
-from miniswe.status import ExitStatus, Outcome, interrupted
+from miniswe.status import ExitStatus, Outcome, interrupted, is_agent_outcome
 from miniswe.templates import Renderer
-from miniswe.trajectory import close_unfinished
+from miniswe.trajectory import close_unfinished, load
 
 # After a stop at once, how long running tasks get to record themselves before the scheduler records them.
 ABORT_GRACE_S = 3.0
@@ -71,6 +73,19 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+def resumable(path: str) -> bool:
+    """A task's recorded run can go on (no paid call lost): it asked the model at least once and ended without
+    a verdict (killed, interrupted, a model or sandbox failure) or was cut off by a batch budget."""
+    try:
+        trajectory = load(path)
+    except TrajectoryError:
+        return False
+    outcome = trajectory.outcome
+    if not trajectory.messages or (outcome and outcome.status in (ExitStatus.ERROR, ExitStatus.SETUP_ERROR)):
+        return False
+    return outcome is None or not is_agent_outcome(outcome.status) or str(outcome.detail).startswith(BUDGET_PREFIX)
+
+
 class Budget:
     """The batch-wide cost and token limits, counted from every task's steps."""
 
@@ -92,8 +107,9 @@ class Budget:
 
 class Scheduler:
     def __init__(self, *, ledger: Ledger, state: BatchState, progress: Any, budget: Budget, shared: Shared,
-                 after_record: Callable[[LedgerRecord], None] = lambda record: None):
+                 after_record: Callable[[LedgerRecord], None] = lambda record: None, redo: set[str] = frozenset()):
         self.ledger = ledger
+        self.redo = redo  # tasks to start over even if their recorded run could go on
         self.state = state
         self.progress = progress
         self.budget = budget
@@ -118,7 +134,10 @@ class Scheduler:
                 while pending or in_flight:
                     while pending and len(in_flight) < executor.capacity and self.stop.outcome is None:
                         plan = pending.popleft()
-                        attempt = self._set_aside(plan)
+                        if plan.id not in self.redo and resumable(plan.trajectory):
+                            plan, attempt = dataclasses.replace(plan, resume=True), self._attempt_of(plan)
+                        else:
+                            attempt = self._set_aside(plan)
                         in_flight[plan.id] = (plan, attempt)
                         executor.submit(plan, attempt)
                     if not in_flight:
@@ -172,6 +191,10 @@ class Scheduler:
             else:
                 self.progress.notice("miniswe: stopping at once")
         return len(received)
+
+    def _attempt_of(self, plan: Plan) -> int:
+        earlier = self.ledger.records.get(plan.id)
+        return earlier.attempt if earlier else 1
 
     def _set_aside(self, plan: Plan) -> int:
         """Move an earlier attempt's trajectory aside (its ledger line follows it); this attempt's number."""

@@ -16,11 +16,13 @@ from miniswe.batch.files import now
 from miniswe.batch.ledger import DETAIL_CHARS, LedgerRecord
 from miniswe.batch.plan import Plan, trajectory_name
 from miniswe.models.gate import CallGate
-from miniswe.runner import new_run_id, run_task
+from miniswe.redaction import masked_config
+from miniswe.resume import changes, keeps_state
+from miniswe.runner import continue_run, new_run_id, run_task
 from miniswe.signals import Stop
 from miniswe.status import outcome_of
 from miniswe.templates import Renderer
-from miniswe.trajectory import Step, close_unfinished
+from miniswe.trajectory import Step, close_unfinished, load
 
 
 @dataclass(frozen=True)
@@ -67,19 +69,24 @@ def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord
         services.emit(StepFinished(plan.id, step.step, step.usage.total_tokens, step.usage.cost))
 
     ran = False
+    common = {"evaluate": plan.task.evaluate, "renderer": services.renderer_for(plan.config.agent.templates_dir),
+              "gate": services.gate_for(getattr(plan.config.model, "base_url", "")), "stop": services.stop,
+              "observers": [on_step]}
     try:
+        services.emit(TaskStarted(plan.id))
+        ran = True
+        if plan.resume:  # the task's recorded run goes on: no model call made again, its workspace kept
+            trajectory = load(plan.trajectory)
+            change = {"changes": changes(trajectory.config, masked_config(plan.config.to_dict())), "by": "batch"}
+            result = continue_run(plan.config, trajectory, rebuild=not keeps_state(plan.config), record=change, **common)
+            return record(result.trajectory)
         if plan.workspace:
             shutil.rmtree(plan.workspace, ignore_errors=True)
             os.makedirs(plan.workspace, exist_ok=True)
-        services.emit(TaskStarted(plan.id))
-        ran = True
         result = run_task(
             plan.config, plan.task.text, plan.trajectory,
             run_id=f"{new_run_id()}-{plan.id}", instance=plan.task.fields,
-            metadata={"task_id": plan.id, "attempt": attempt, **plan.task.metadata},
-            setup=plan.task.setup, evaluate=plan.task.evaluate,
-            renderer=services.renderer_for(plan.config.agent.templates_dir),
-            gate=services.gate_for(getattr(plan.config.model, "base_url", "")), stop=services.stop, observers=[on_step],
+            metadata={"task_id": plan.id, "attempt": attempt, **plan.task.metadata}, setup=plan.task.setup, **common,
         )
         return record(result.trajectory)
     except Exception as error:  # a bug outside run_task's own guard, or a trajectory that cannot be written

@@ -38,6 +38,7 @@ class LocalConfig(EnvironmentConfig):
 
 class LocalEnvironment:
     config_class = LocalConfig
+    keeps_state = True  # the working directory holds what earlier commands did: a resumed run goes on there
 
     def __init__(self, config: LocalConfig, *, hidden_env: Sequence[str] = (), **_: Any):
         self.config = config

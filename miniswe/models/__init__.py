@@ -1,8 +1,9 @@
 """Language models: the Model protocol, the settings every kind shares, what one call returns, and the kinds by name.
 
 A kind is a class with `config_class` (a dataclass extending ModelConfig), built as
-`cls(config, gate=..., stop=..., on_retry=...)`: the call gate it shares with other runs, the Stop that
-may cancel a call, and a callback told of each retry. Built-in kinds are named here; any other is
+`cls(config, gate=..., stop=..., on_retry=..., calls_made=...)`: the call gate it shares with other runs,
+the Stop that may cancel a call, a callback told of each retry, and how many calls the run already made
+(a resumed run; a model answering from a list goes on from there). Built-in kinds are named here; any other is
 given as `package.module:Class`.
 """
 
@@ -18,6 +19,7 @@ from miniswe.usage import Usage
 KINDS = {
     "openai": "miniswe.models.openai:OpenAIModel",
     "scripted": "miniswe.models.scripted:ScriptedModel",
+    "replay": "miniswe.models.replay:ReplayModel",
 }
 
 

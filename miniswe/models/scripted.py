@@ -46,14 +46,14 @@ def load_script(path: str) -> list[Any]:
 class ScriptedModel:
     config_class = ScriptedConfig
 
-    def __init__(self, config: ScriptedConfig, *, replies: Sequence[Any] | None = None, **_: Any):
+    def __init__(self, config: ScriptedConfig, *, replies: Sequence[Any] | None = None, calls_made: int = 0, **_: Any):
         if replies is None:
             if not config.script:
                 raise ConfigError("model.script: the scripted model needs a file of replies (model.script=FILE)")
             replies = load_script(config.script)
         self.source = config.script or "the given replies"
         self.replies = list(replies)
-        self.calls = 0
+        self.calls = calls_made  # a continued run goes on with the reply after the last one it used
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "scripted", "script": self.source, "replies": len(self.replies)}

@@ -1,0 +1,56 @@
+"""A model that gives back a recorded run's replies, in order, through the real loop: the same parser, limits
+and templates, so a run can be reproduced offline to test a change to miniswe itself."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from miniswe.errors import ConfigError, ModelError, TrajectoryError
+from miniswe.models import ModelConfig, Reply
+
+
+@dataclass(frozen=True)
+class ReplayConfig(ModelConfig):
+    kind: str = "replay"
+    trajectory: str = ""  # the trajectory whose replies are given back, one per call
+
+
+class ReplayModel:
+    config_class = ReplayConfig
+
+    def __init__(self, config: ReplayConfig, *, calls_made: int = 0, **_: Any):
+        from miniswe.trajectory import load
+
+        if not config.trajectory:
+            raise ConfigError("model.trajectory: the replay model needs a trajectory to replay (model.trajectory=FILE)")
+        try:
+            recording = load(config.trajectory)
+        except TrajectoryError as error:
+            raise ConfigError(f"model.trajectory: {error}") from None
+        steps = {step.step: step for step in recording.steps}
+        self.replies = []
+        for message in recording.messages:
+            if message.role == "assistant":
+                step = steps.get(message.step)
+                self.replies.append(Reply(
+                    content=message.content,
+                    reasoning=step.reasoning if step else None,
+                    finish_reason=step.finish_reason if step else "stop",
+                    usage=step.usage if step else Reply(content="").usage,
+                    latency_s=0.0,
+                ))
+        self.source = config.trajectory
+        self.calls = calls_made  # a continued run goes on with the reply after the last one it used
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "replay", "trajectory": self.source, "replies": len(self.replies)}
+
+    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
+        if self.calls >= len(self.replies):
+            raise ModelError(f"replay model: {self.source} has no reply for call {self.calls + 1} "
+                             f"(it recorded {len(self.replies)}); the replayed run went further than the recording")
+        reply = self.replies[self.calls]
+        self.calls += 1
+        return reply
