@@ -18,7 +18,7 @@ def usage_blocks() -> dict[str, str]:
     for block in re.findall(r"```\n(miniswe .*?)```", readme(), re.S):
         for synopsis in re.split(r"\n(?=miniswe )", block.strip()):
             command = synopsis.split()[1]
-            found[command] = synopsis
+            found[command] = found.get(command, "") + "\n" + synopsis  # a command may have several forms
     return found
 
 

@@ -25,6 +25,7 @@ from miniswe.batch.scheduler import Budget, Gates, Scheduler, Shared
 from miniswe.batch.selection import select_tasks
 from miniswe.batch.tasks import TaskFile, load_tasks
 from miniswe.batch.threads import ThreadExecutor
+from miniswe.batch.worker import recovered
 from miniswe.config import Config
 from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.environments import check_environment
@@ -104,6 +105,9 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
             run_dir.check_same(previous, task_file.sha256, os.path.abspath(options.tasks), identity)
         ledger = Ledger(run_dir.path, redact=secrets.scrub)
         redo = redo_ids(options.redo, [p.id for p in plans], ledger.records)
+        for plan in plans:  # a verdict whose ledger line a kill -9 lost is taken back from its trajectory
+            if plan.id not in ledger.records and plan.id not in redo and (record := recovered(plan)):
+                ledger.append(record)
         todo = [p for p in plans if p.id in redo or not _kept(ledger.records.get(p.id))]
         todo_ids = {p.id for p in todo}
         kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]

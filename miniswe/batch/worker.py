@@ -22,7 +22,8 @@ from miniswe.runner import continue_run, new_run_id, run_task
 from miniswe.signals import Stop
 from miniswe.status import outcome_of
 from miniswe.templates import Renderer
-from miniswe.trajectory import Step, close_unfinished, load
+from miniswe.errors import TrajectoryError
+from miniswe.trajectory import Step, Trajectory, close_unfinished, load
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,32 @@ class WorkerServices:
     emit: Callable[[Event], None]
 
 
+def record_of(plan: Plan, trajectory: Trajectory, attempt: int, started: str, wall_s: float) -> LedgerRecord:
+    """The ledger record of a plan's finished trajectory."""
+    return LedgerRecord.from_trajectory(
+        trajectory, task_id=plan.id, relative_path=trajectory_name(plan.id), has_eval=bool(plan.task.evaluate),
+        model=plan.config.model.name or plan.config.model.kind, attempt=attempt, started=started, wall_s=wall_s,
+    )
+
+
+def recovered(plan: Plan) -> LedgerRecord | None:
+    """The record of a task whose run ended with a verdict but whose ledger line was lost (`kill -9` as it was
+    written): its trajectory says how it ended, so it need not run again."""
+    try:
+        trajectory = load(plan.trajectory)
+    except TrajectoryError:
+        return None
+    record = record_of(plan, trajectory, int(trajectory.metadata.get("attempt") or 1), trajectory.started,
+                       trajectory.wall_s or 0.0)
+    return record if trajectory.outcome and record.kept_on_resume else None
+
+
 def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:
     """Run one planned task to its ledger record; whatever goes wrong, a record comes back."""
     started, clock = now(), time.monotonic()
 
     def record(trajectory) -> LedgerRecord:
-        return LedgerRecord.from_trajectory(
-            trajectory, task_id=plan.id, relative_path=trajectory_name(plan.id), has_eval=bool(plan.task.evaluate),
-            model=plan.config.model.name or plan.config.model.kind, attempt=attempt, started=started,
-            wall_s=time.monotonic() - clock,
-        )
+        return record_of(plan, trajectory, attempt, started, time.monotonic() - clock)
 
     def on_step(step: Step) -> None:
         services.emit(StepFinished(plan.id, step.step, step.usage.total_tokens, step.usage.cost))

@@ -66,8 +66,8 @@ class LocalEnvironment:
             spawner = self._spawner
             output, self._pid = spawner.start(command)
             if self._interrupt_pending:  # asked to stop before the command had a pid to kill
-                self._kill()
-            result = capture(output, spawner, timeout=timeout, limit=self.config.capture_limit, kill=self._kill,
+                self._kill_group()
+            result = capture(output, spawner, timeout=timeout, limit=self.config.capture_limit, kill=self._kill_all,
                              started=started)
         finally:
             self._pid = None
@@ -79,19 +79,24 @@ class LocalEnvironment:
         return result
 
     def interrupt(self) -> None:
+        """The running command's group, at once (signal-safe, any thread); the step's own thread then sweeps
+        up the rest, as after any command: a sweep from here could outlast the command and hit the next one."""
         if self._executing:
             self._interrupt_pending = True
-            self._kill()
+            self._kill_group()
 
-    def _kill(self) -> None:
-        """The command's group at once (signal-safe), then everything else under the spawner: what escaped the
-        group (`set -m`), the session (`setsid`), or its parents (double forks) was adopted by the spawner."""
+    def _kill_group(self) -> None:
         pid = self._pid
         if pid is not None:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+    def _kill_all(self) -> None:
+        """The command's group, then everything else under the spawner: what escaped the group (`set -m`), the
+        session (`setsid`), or its parents (double forks) was adopted by the spawner."""
+        self._kill_group()
         if self._spawner is not None:
             kill_descendants(self._spawner.pid)
 
