@@ -1,0 +1,148 @@
+"""Replay, the replay model, resume and fork, through real `miniswe` processes and real files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+from conftest import SUBMIT, act, clean_env, miniswe_cmd, read_line
+from replies import SUBMIT_MARKER
+
+
+def script(path, replies) -> str:
+    path.write_text(json.dumps(replies))
+    return str(path)
+
+
+def record_run(cli, tmp_path, replies, *extra):
+    """A finished local run in tmp_path/work; its trajectory's path."""
+    (tmp_path / "work").mkdir(exist_ok=True)
+    result = cli("run", "t", "--script", script(tmp_path / "replies.json", replies), "--cwd", "work", "-o", "t.json",
+                 "-q", *extra)
+    assert result.returncode in (0, 1), result.stderr
+    return tmp_path / "t.json"
+
+
+def test_replay_of_an_unchanged_run_matches_and_a_changed_file_diverges_at_its_step(cli, tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "input.txt").write_text("original\n")
+    record_run(cli, tmp_path, [act("ls; date; echo pid $$; mktemp"), act("cat input.txt"), act("printf 'no newline'"),
+                               act(f"echo {SUBMIT_MARKER}")])
+    same = cli("replay", "t.json")
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.strip() == "matched: 4 command(s) gave their recorded output"
+    assert f"replaying in {tmp_path / 'work'}" in same.stderr and "replayed step 2: matches" in same.stderr
+
+    (tmp_path / "work" / "input.txt").write_text("changed\n")
+    changed = cli("replay", "t.json", "-q")
+    assert changed.returncode == 1
+    verdict, *diff = changed.stdout.strip().splitlines()
+    assert verdict == "diverged at step 2: output differs"
+    assert "-original" in diff and "+changed" in diff
+    assert cli("replay", "t.json", "--until", "1", "-q").returncode == 0, "--until stops before the change"
+
+
+def test_replay_elsewhere_and_with_extra_masks(cli, tmp_path):
+    record_run(cli, tmp_path, [act("echo made at $RANDOM > f.txt; cat f.txt"), act(f"echo {SUBMIT_MARKER}")])
+    (tmp_path / "fresh").mkdir()
+    varies = cli("replay", "t.json", "--cwd", "fresh", "-q")
+    assert varies.returncode == 1 and "step 1: output differs" in varies.stdout
+    masked = cli("replay", "t.json", "--cwd", "fresh", "--mask", r"made at \d+", "-q")
+    assert masked.returncode == 0, masked.stdout
+    assert (tmp_path / "fresh" / "f.txt").exists() and not (tmp_path / "work" / "f.txt").read_text() == ""
+
+
+def test_a_cut_output_is_compared_by_what_was_kept(cli, tmp_path):
+    record_run(cli, tmp_path, [act("seq 1 200000"), act(f"echo {SUBMIT_MARKER}")], "-c", "environment.capture_limit=1000")
+    replayed = cli("replay", "t.json")
+    assert replayed.returncode == 0, replayed.stdout
+    assert "output cut by the capture bound" in replayed.stderr and "head and tail match" in replayed.stderr
+
+
+def test_the_replay_model_reproduces_a_run_offline(cli, tmp_path):
+    record_run(cli, tmp_path, [act("echo one > a.txt"), "no block here", act("cat a.txt"),
+                               act(f"echo {SUBMIT_MARKER}; cat a.txt")])
+    (tmp_path / "again").mkdir()
+    again = cli("run", "t", "-c", "model.kind=replay", "-c", "model.trajectory=t.json", "--cwd", "again", "-o", "b.json", "-q")
+    assert again.returncode == 0, again.stderr
+    first, second = (json.loads((tmp_path / name).read_text()) for name in ("t.json", "b.json"))
+    assert [(s["command"], s["format_error"], s["output"]) for s in first["steps"]] == \
+           [(s["command"], s["format_error"], s["output"]) for s in second["steps"]]
+    assert second["submission"] == first["submission"] == "one\n"
+    assert second["model"] == {"kind": "replay", "trajectory": "t.json", "replies": 4}
+
+
+def test_resume_after_kill_9_repeats_no_call_and_loses_no_step(server, tmp_path):
+    (tmp_path / "work").mkdir()
+    server.push(act("echo one >> log"), act("echo two >> log"), act("echo three >> log; echo started; sleep 60"),
+                act("echo four >> log"), act(f"echo {SUBMIT_MARKER}; cat log"))
+    endpoint = ["--base-url", server.base_url, "-m", "m"]
+    proc = subprocess.Popen(miniswe_cmd("run", "t", *endpoint, "--cwd", "work", "-o", "t.json"), cwd=tmp_path,
+                            env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "work" / "log").exists() or "three" not in (tmp_path / "work" / "log").read_text():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait(10)
+    before = json.loads((tmp_path / "t.json").read_text())
+    assert before["exit_status"] is None and len(server.requests) == 3 and before["pending"]["step"] == 3
+
+    resumed = subprocess.run(miniswe_cmd("run", "--resume", "t.json", *endpoint), cwd=tmp_path, env=clean_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    after = json.loads((tmp_path / "t.json").read_text())
+    assert len(server.requests) == 5, "no call made again: the third reply was on disk before its command ran"
+    assert after["exit_status"] == "Submitted" and after["submission"] == "one\ntwo\nthree\nfour\n"
+    assert [s["step"] for s in after["steps"]] == [1, 2, 3, 4, 5]
+    assert after["steps"][:2] == before["steps"] and after["steps"][2]["aborted"] == "miniswe stopped"
+    assert "cut short (miniswe stopped)" in server.requests[3]["body"]["messages"][-1]["content"]
+    assert server.requests[3]["body"]["messages"][:-1] == [{"role": m["role"], "content": m["content"]}
+                                                           for m in before["messages"]]
+    assert after["resumes"][0]["from_step"] == 2 and "pending" not in after
+    assert after["usage"]["model_calls"] == 5
+
+
+def test_resume_refuses_a_run_with_a_verdict_and_an_interrupted_run_goes_on(cli, server, tmp_path):
+    done = record_run(cli, tmp_path, [act(f"echo {SUBMIT_MARKER}")])
+    refused = cli("run", "--resume", str(done))
+    assert refused.returncode == 2 and "ended as Submitted, a verdict; nothing to resume" in refused.stderr
+
+    (tmp_path / "work2").mkdir()
+    endpoint = ["--base-url", server.base_url, "-m", "m"]
+    server.push(act("echo one"), act("sleep 30"), act(f"echo {SUBMIT_MARKER}"))
+    proc = subprocess.Popen(miniswe_cmd("run", "t", *endpoint, "--cwd", "work2", "-o", "i.json"), cwd=tmp_path,
+                            env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert "--- step 1" in read_line(proc.stderr)
+    deadline = time.monotonic() + 20
+    while len(server.requests) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(2)
+    proc.communicate(timeout=20)
+    assert json.loads((tmp_path / "i.json").read_text())["exit_status"] == "Interrupted"
+    again = cli("run", "--resume", "i.json", *endpoint)
+    assert again.returncode == 0, again.stderr
+    data = json.loads((tmp_path / "i.json").read_text())
+    assert data["exit_status"] == "Submitted" and [s["aborted"] for s in data["steps"]] == [None, "SIGINT", None]
+    assert len(server.requests) == 3
+
+
+def test_fork_keeps_the_first_steps_replays_them_elsewhere_and_leaves_the_parent_alone(cli, tmp_path):
+    parent = record_run(cli, tmp_path, [act("echo one >> log"), act("echo two >> log"), act(f"echo {SUBMIT_MARKER}; cat log")])
+    original = parent.read_bytes()
+    same_place = cli("run", "--fork", "t.json", "--from-step", "1", "-o", "f.json")
+    assert same_place.returncode == 2 and "holds the parent run's final state" in same_place.stderr
+    (tmp_path / "fresh").mkdir()
+    other = script(tmp_path / "other.json", ["unused: the fork made 1 call already", act("echo other >> log"),
+                                             act(f"echo {SUBMIT_MARKER}; cat log")])
+    fork = cli("run", "--fork", "t.json", "--from-step", "1", "-o", "f.json", "--cwd", "fresh", "--script", other)
+    assert fork.returncode == 0, fork.stderr
+    assert "replayed step 1: matches" in fork.stderr
+    child = json.loads((tmp_path / "f.json").read_text())
+    assert child["submission"] == "one\nother\n" and [s["command"] for s in child["steps"]][1] == "echo other >> log"
+    assert child["parent"]["from_step"] == 1 and child["parent"]["trajectory"] == str(parent)
+    assert child["resumes"][0]["changes"]["model.script"][1] == other
+    assert parent.read_bytes() == original, "the parent is never touched"
