@@ -23,7 +23,7 @@ from openai_server import ScriptedServer  # noqa: E402
 COUNTER = (
     "THOUGHT: next.\n\n```bash\n"
     'n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n; '
-    'if [ "$n" -ge "$STEPS" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; fi\n```\n'
+    'if [ "$n" -ge "$STEPS" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; else echo "step $n"; fi\n```\n'
 )
 
 

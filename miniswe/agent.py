@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,15 +11,16 @@ from miniswe.config import Config
 from miniswe.environments import CommandResult, Environment
 from miniswe.environments.capture import elision_notice
 from miniswe.errors import SandboxError
-from miniswe.limits import Limits
+from miniswe.hooks import CommandEvent, Hooks, ModelCall, ReplyEvent, RunEnd, RunStart, StepEvent, load_hooks
+from miniswe.limits import BudgetWarnings, Limits
 from miniswe.models import Model
+from miniswe.policy import CommandPolicy
 from miniswe.protocol import FormatError, parse_command, submission, thought_of
+from miniswe.repeats import RepeatDetector
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome, interrupted
 from miniswe.templates import Renderer, number, prompt_variables
-from miniswe.trajectory import Step, Trajectory
-
-StepObserver = Callable[[Step], None]
+from miniswe.trajectory import Step, Trajectory, TrajectoryWriter
 
 
 def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str, int]:
@@ -41,8 +43,13 @@ def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str,
 
 
 class Agent:
-    """Runs one task's conversation. `run` returns the outcome the loop decided (submission, a limit, a stop)
-    and lets failures it cannot decide on (model, sandbox, bugs) escape for the caller's status.outcome_of."""
+    """Runs one task's conversation. `run` returns the outcome the loop decided (submission, a limit, a stop, a
+    hook) and lets failures it cannot decide on (model, sandbox, bugs) escape for the caller's outcome_of.
+
+    Everything that observes or steers the loop is a hook (miniswe/hooks.py), called in this order: the
+    command policy, loop detection, budget warnings, the config's hooks, the caller's (display, batch
+    progress, approval), and last the trajectory writer, so the record holds what the others decided.
+    """
 
     def __init__(
         self,
@@ -53,7 +60,7 @@ class Agent:
         *,
         renderer: Renderer,
         stop: Stop,
-        observers: Sequence[StepObserver] = (),
+        hooks: Sequence[Any] = (),
         scrub: Callable[[str], str] = lambda text: text,
         notify: Callable[[str], None] = lambda message: None,
     ):
@@ -63,20 +70,30 @@ class Agent:
         self.trajectory = trajectory
         self.renderer = renderer
         self.stop = stop
-        self.observers = list(observers)
         self.scrub = scrub
         self.notify = notify
         self.messages: list[dict[str, str]] = []
         self.format_errors = 0
         self.limits = Limits(config.agent)
         self.variables = prompt_variables(config, env.describe().get("cwd", ""))
+        kind = config.environment.kind
+        self.hooks = Hooks([
+            CommandPolicy(config.policy, environment_kind=kind),
+            RepeatDetector(config.agent.max_repeats),
+            BudgetWarnings(self.limits, trajectory.usage),
+            *load_hooks(config.agent.hooks),
+            *hooks,
+            TrajectoryWriter(trajectory, notify),
+        ])
 
     def run(self, task: str, instance: dict[str, Any] | None = None) -> Outcome:
-        """Run until submission, a limit or a stop; the trajectory is on disk after every step."""
+        """Run until submission, a limit, a stop or a hook's end; the trajectory is on disk after every step."""
         self._begin()
-        self._add("system", self.renderer.render("system.j2", **self.variables))
-        self._add("user", self.renderer.render("instance.j2", task=task, instance=instance or {}, **self.variables))
-        self.trajectory.save()
+        first = [{"role": "system", "content": self.renderer.render("system.j2", **self.variables)},
+                 {"role": "user", "content": self.renderer.render("instance.j2", task=task, instance=instance or {},
+                                                                   **self.variables)}]
+        self.messages += [{"role": m["role"], "content": m["content"]} for m in first]
+        self.hooks("on_run_start", RunStart(task, first))
         return self._loop()
 
     def resume(self) -> Outcome:
@@ -91,57 +108,64 @@ class Agent:
             if not step.format_error:
                 break
             self.format_errors += 1
-        if trajectory.pending is not None:  # miniswe died while its command ran: what it did is unknown
-            self._record(dataclasses.replace(trajectory.pending, aborted="miniswe stopped", returncode=None))
         last = trajectory.steps[-1] if trajectory.steps else None
-        if last and last.aborted and not any(m.step == last.step and m.role == "user" for m in trajectory.messages):
-            self._observe_step(last, self.config.environment.timeout)
+        if trajectory.pending is not None:  # miniswe died while its command ran: what it did is unknown
+            last = dataclasses.replace(trajectory.pending, aborted="miniswe stopped", returncode=None)
+            self._after(last, self._observation(last, self.config.environment.timeout))
+        elif last and last.aborted and not any(m.step == last.step and m.role == "user" for m in trajectory.messages):
+            self._tell(last.step, self._observation(last, self.config.environment.timeout), written=False)
         trajectory.save()
         return self._loop()
 
     def _begin(self) -> None:
-        self.limits = Limits(self.config.agent)
+        self.limits.started = time.monotonic()
         self.trajectory.describe(model=self.model.describe())
 
     def _loop(self) -> Outcome:
-        while True:
-            outcome = self.stop.outcome or self.limits.reached(self.trajectory.usage) or self.step()
-            self.trajectory.save()
+        outcome = None
+        try:
+            while outcome is None:
+                outcome = self.stop.outcome or self.limits.reached(self.trajectory.usage) or self.step()
+        finally:
             if outcome is not None:
-                return outcome
+                self.hooks("on_run_end", RunEnd(outcome))
+        return outcome
 
     def step(self) -> Outcome | None:
         number_ = len(self.trajectory.steps) + 1
+        call = self.hooks("before_model_call", ModelCall(number_, self.messages))
+        if call.stop:
+            return call.stop
         reply = self.model.complete(self.messages, deadline=self.limits.deadline)
-        self.trajectory.add_usage(reply.usage)
-        for warning in reply.warnings:
-            self._warn(warning)
-        self._add("assistant", reply.content, number_)
-        call = {"thought": thought_of(reply.content), "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
+        self.messages.append({"role": "assistant", "content": reply.content})
+        self.hooks("after_reply", ReplyEvent(number_, reply))
+        made = {"thought": thought_of(reply.content), "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
                 "usage": reply.usage, "latency_s": round(reply.latency_s, 4)}
         try:
             if reply.finish_reason == "length":
                 raise FormatError("truncated", "the reply was cut off at the token limit (finish_reason=length)")
             command = parse_command(reply.content, self.config.protocol.action_tags)
         except FormatError as error:
-            return self._reject(number_, call, error)
+            return self._reject(Step(number_, format_error=error.kind, **made), error)
         self.format_errors = 0
-        self.trajectory.set_pending(Step(number_, command=command, **call))
-        self.trajectory.save()  # the reply is paid for: on disk before its command runs
+        ask = self.hooks("before_command", CommandEvent(number_, command, made["thought"], proposed=command))
+        proposed = command if ask.command != command else None
+        if ask.veto:
+            step = Step(number_, command=ask.command, refused=ask.veto, proposed=proposed, **made)
+            return self._after(step, self._observation(step, 0))
         timeout = self.limits.command_timeout(self.config.environment.timeout)
         with self.stop.cancelling(self.env.interrupt):
-            result = self.env.execute(command, timeout=timeout)
+            result = self.env.execute(ask.command, timeout=timeout)
         output = self.scrub(result.output)  # a command that found a secret (a .env file) must not record it
-        aborted = self._aborted(result)
-        step = Step(number_, command=command, returncode=result.returncode, timed_out=result.timed_out,
+        step = Step(number_, command=ask.command, returncode=result.returncode, timed_out=result.timed_out,
                     output=output, output_chars=result.output_chars, elided_chars=result.elided_chars,
-                    duration_s=round(result.duration_s, 4), aborted=aborted, **call)
-        self._record(step)
-        if result.sandbox_error:
-            raise SandboxError(result.sandbox_error)
-        if result.interrupted:
+                    duration_s=round(result.duration_s, 4), aborted=self._aborted(result), proposed=proposed, **made)
+        if result.sandbox_error or result.interrupted:
+            self.hooks("after_command", StepEvent(step, ""))  # recorded; the run ends without telling the model
+            if result.sandbox_error:
+                raise SandboxError(result.sandbox_error)
             return self.stop.outcome or interrupted("SIGINT")
-        self._observe_step(step, timeout)
+        stopped = self._after(step, self._observation(step, timeout))
         submitted = submission(output, result.returncode, self.config.protocol.submit_marker)
         if submitted is not None and result.elided_chars:
             # never a damaged submission: the middle of this one was not kept
@@ -151,6 +175,8 @@ class Agent:
                            "environment.capture_limit (0 = no limit) and run the task again")
         if submitted is not None:
             return Outcome(ExitStatus.SUBMITTED, None, submitted)
+        if stopped:
+            return stopped
         if result.timed_out and self.limits.time_left() <= 0:
             return self.limits.out_of_time("a command")
         return None
@@ -163,39 +189,37 @@ class Agent:
         stop = self.stop.outcome
         return stop.detail if stop and stop.status is ExitStatus.INTERRUPTED and stop.detail else "stopped"
 
-    def _reject(self, number_: int, call: dict[str, Any], error: FormatError) -> Outcome | None:
+    def _reject(self, step: Step, error: FormatError) -> Outcome | None:
         self.format_errors += 1
         limit = self.config.agent.max_format_errors
-        self._record(Step(number_, format_error=error.kind, **call))
         if limit and self.format_errors >= limit:
+            self.hooks("after_command", StepEvent(step, ""))
             return Outcome(ExitStatus.REPEATED_FORMAT_ERROR, f"{self.format_errors} malformed replies in a row; last: {error}")
         guidance = self.renderer.render(
             "format_error.j2", reason=error.kind, error=str(error),
             errors_left=(limit - self.format_errors) if limit else "Further",
             action_tag=self.variables["action_tag"], submit_marker=self.variables["submit_marker"],
         )
-        self._add("user", guidance, number_)
-        return None
+        return self._after(step, guidance)
 
-    def _observe_step(self, step: Step, timeout: float) -> None:
+    def _observation(self, step: Step, timeout: float) -> str:
+        if step.refused:
+            return f"<returncode>refused</returncode>\n<warning>The command did not run: {step.refused}</warning>"
         view, not_shown = bounded_view(step.output, self.config.agent.output_limit, step.elided_chars)
-        observation = self.renderer.render(
+        return self.renderer.render(
             "observation.j2", output=view, returncode=step.returncode, timed_out=step.timed_out,
             command_timeout=number(round(timeout, 1)), elided_chars=not_shown, output_chars=step.output_chars,
             duration_s=round(step.duration_s, 3), aborted=step.aborted,
         )
-        self._add("user", observation, step.step)
 
-    def _record(self, step: Step) -> None:
-        self.trajectory.record_step(step)
-        for observer in self.observers:
-            observer(step)
+    def _after(self, step: Step, observation: str) -> Outcome | None:
+        """The step's hooks; then the model is told the observation with their warnings. Their stop, if any."""
+        event = self.hooks("after_command", StepEvent(step, observation))
+        self.messages.append({"role": "user", "content": event.message()})
+        return event.stop
 
-    def _add(self, role: str, content: str, step: int | None = None) -> None:
-        self.messages.append({"role": role, "content": content})
-        self.trajectory.add_message(role, content, step)
-
-    def _warn(self, message: str) -> None:
-        if message not in self.trajectory.warnings:
-            self.trajectory.warn(message)
-            self.notify(f"warning: {message}")
+    def _tell(self, number_: int, text: str, *, written: bool) -> None:
+        """A message to the model outside a step's hooks (a resumed run's note on its cut step)."""
+        self.messages.append({"role": "user", "content": text})
+        if not written:
+            self.trajectory.add_message("user", text, number_)

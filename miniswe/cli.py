@@ -71,7 +71,7 @@ def run(
 
         display = make_display(quiet)
         stop = Stop()
-        services = {"stop": stop, "observers": [display.step], "notify": display.notice}
+        services = {"stop": stop, "hooks": [display], "notify": display.notice}
         if resume or fork:
             if task or task_file:
                 raise UsageError("--resume and --fork go on with the recorded task: give no task text")

@@ -22,6 +22,7 @@ from miniswe.environments import EnvironmentConfig, environment_config_class
 from miniswe.errors import ConfigError
 from miniswe.models import KINDS as MODEL_KINDS
 from miniswe.models import ModelConfig, model_config_class
+from miniswe.policy import PolicyConfig
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class AgentConfig:
     max_format_errors: int = 3  # consecutive replies without exactly one action block before RepeatedFormatError
     output_limit: int = 10_000  # characters of command output the model sees (head + tail); the trajectory keeps more
     templates_dir: str = ""  # a folder searched before the shipped templates/ (override any .j2 by name)
+    max_repeats: int = 3  # the same command with the same output this many times in a row: a warning; once more: RepeatedAction; 0 = off
+    budget_warning: float = 0.1  # observations warn once this share of a limit (steps, tokens, cost, time) is left; 0 = never
+    hooks: list[str] = field(default_factory=list)  # hooks loaded by package.module:Class, called at every step (see README)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class Config:
     environment: EnvironmentConfig = field(default_factory=lambda: environment_config_class("local")())
     model: ModelConfig = field(default_factory=lambda: model_config_class("openai")())
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,8 +83,8 @@ PLUGGABLE = {
     "environment": (EnvironmentConfig, environment_config_class, ENVIRONMENT_KINDS),
     "model": (ModelConfig, model_config_class, MODEL_KINDS),
 }
-FIXED = {"agent": AgentConfig, "protocol": ProtocolConfig, "replay": ReplayConfig}
-SECTIONS = ("agent", "protocol", "environment", "model", "replay")
+FIXED = {"agent": AgentConfig, "protocol": ProtocolConfig, "replay": ReplayConfig, "policy": PolicyConfig}
+SECTIONS = ("agent", "protocol", "environment", "model", "replay", "policy")
 MAX_SECONDS = 366 * 86400.0  # a longer wait is a typo (and overflows the system's timers); 0 means none
 MAX_NUMBER = 1e15
 

@@ -38,15 +38,22 @@ def summary_line(trajectory: Trajectory, resolved: bool | None = None) -> str:
 
 
 def step_status(step: Step) -> str:
+    if step.refused:
+        return "refused"
     if step.aborted:
         return f"aborted ({step.aborted})"
     return "timed out" if step.timed_out else f"rc={step.returncode}"
 
 
 class PlainDisplay:
+    """Shows each step as it is recorded: a hook (miniswe/hooks.py), or called with a recorded Step."""
+
     def __init__(self, progress: TextIO | None = None, data: TextIO | None = None):
         self.progress = progress or sys.stderr
         self.data = data or sys.stdout
+
+    def after_command(self, event: Any) -> None:
+        self.step(event.step)
 
     def step(self, step: Step) -> None:
         out = self.progress

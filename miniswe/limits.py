@@ -11,6 +11,19 @@ from miniswe.usage import Usage
 NO_TIMEOUT = 365 * 86400.0  # a command timeout of 0 means none: a year stands in for it
 
 
+class BudgetWarnings:
+    """A hook: each observation says what little is left of a limit, once `agent.budget_warning` of it remains."""
+
+    def __init__(self, limits: Limits, usage: Usage):
+        self.limits, self.usage = limits, usage
+
+    def after_command(self, event) -> None:
+        left = self.limits.left(self.usage)
+        if left:
+            event.warnings.append(f"Only {', '.join(left)} left for this task: finish soon, and submit what you have "
+                                  "before they run out.")
+
+
 class Limits:
     def __init__(self, agent: object, started: float | None = None):
         self.agent = agent
@@ -41,6 +54,22 @@ class Limits:
         if self.time_left() <= 0:
             return self.out_of_time()
         return None
+
+    def left(self, usage: Usage) -> list[str]:
+        """What is nearly used up: each limit with no more than `agent.budget_warning` of it left."""
+        agent, share = self.agent, self.agent.budget_warning
+        if not share:
+            return []
+        found = []
+        if agent.step_limit and agent.step_limit - usage.model_calls <= share * agent.step_limit:
+            found.append(f"{agent.step_limit - usage.model_calls} of {agent.step_limit} model calls")
+        if agent.token_limit and agent.token_limit - usage.total_tokens <= share * agent.token_limit:
+            found.append(f"{max(agent.token_limit - usage.total_tokens, 0):,} of {agent.token_limit:,} tokens")
+        if agent.cost_limit and agent.cost_limit - usage.cost <= share * agent.cost_limit:
+            found.append(f"${max(agent.cost_limit - usage.cost, 0):.2f} of ${agent.cost_limit:g}")
+        if agent.time_limit and self.time_left() <= share * agent.time_limit:
+            found.append(f"{max(self.time_left(), 0):.0f} of {number(agent.time_limit)} seconds")
+        return found
 
     def out_of_time(self, during: str = "") -> Outcome:
         where = f" during {during}" if during else ""

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from miniswe.agent import Agent, StepObserver
+from miniswe.agent import Agent
 from miniswe.config import Config
 from miniswe.environments import Environment, build_environment, check_environment
 from miniswe.limits import NO_TIMEOUT
@@ -84,7 +84,7 @@ def run_task(
     **services: Any,
 ) -> RunResult:
     """Run one task; whatever happens, the trajectory on disk ends with an exit status. `services`: renderer,
-    model, gate, stop, observers, notify (see `_drive`)."""
+    model, gate, stop, hooks, notify (see `_drive`)."""
     run_id = run_id or new_run_id()
     secrets = run_secrets(config)
     trajectory = Trajectory(
@@ -148,7 +148,7 @@ def _drive(
     model: Model | None = None,
     gate: CallGate | None = None,
     stop: Stop | None = None,
-    observers: Sequence[StepObserver] = (),
+    hooks: Sequence[Any] = (),
     notify: Callable[[str], None] = lambda message: None,
 ) -> RunResult:
     """Build the environment and the model, `start` the loop, evaluate, clean up: the one place where whatever
@@ -168,7 +168,7 @@ def _drive(
         model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,
                                      calls_made=trajectory.usage.model_calls)
         agent = Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
-                      stop=stop, observers=observers, scrub=secrets.scrub, notify=notify)
+                      stop=stop, hooks=hooks, scrub=secrets.scrub, notify=notify)
         outcome = start(env, agent, stop)
         if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
             resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer

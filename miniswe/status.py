@@ -18,6 +18,7 @@ class ExitStatus(str, Enum):
     LIMITS_EXCEEDED = "LimitsExceeded"
     TIME_EXCEEDED = "TimeExceeded"
     REPEATED_FORMAT_ERROR = "RepeatedFormatError"
+    REPEATED_ACTION = "RepeatedAction"
     INTERRUPTED = "Interrupted"
     MODEL_ERROR = "ModelError"
     SANDBOX_ERROR = "SandboxError"
@@ -30,7 +31,8 @@ class ExitStatus(str, Enum):
 
 # The agent decided how the run ended: a rerun would not be expected to go differently.
 AGENT_OUTCOMES = frozenset(
-    {ExitStatus.SUBMITTED, ExitStatus.LIMITS_EXCEEDED, ExitStatus.TIME_EXCEEDED, ExitStatus.REPEATED_FORMAT_ERROR}
+    {ExitStatus.SUBMITTED, ExitStatus.LIMITS_EXCEEDED, ExitStatus.TIME_EXCEEDED, ExitStatus.REPEATED_FORMAT_ERROR,
+     ExitStatus.REPEATED_ACTION}
 )
 INFRA_FAILURES = frozenset(
     {ExitStatus.MODEL_ERROR, ExitStatus.SANDBOX_ERROR, ExitStatus.SETUP_ERROR, ExitStatus.ERROR}

@@ -60,6 +60,8 @@ class Step:
     elided_chars: int = 0  # how much of output_chars the trajectory did not keep (the capture bound)
     duration_s: float = 0.0
     aborted: str | None = None  # SIGINT, SIGTERM, SIGHUP, SandboxError: the command was cut short
+    refused: str | None = None  # why the command did not run (the command policy, or a person's no)
+    proposed: str | None = None  # the model's own command, when a hook or a person changed it before it ran
     reasoning: str | None = None
     finish_reason: str | None = None
     usage: Usage = field(default_factory=lambda: Usage(model_calls=1))  # this call's tokens and cost
@@ -295,6 +297,46 @@ class Trajectory:
                                             "pending", "resumes", "parent"}
         trajectory.extra = {k: v for k, v in data.items() if k not in known}
         return trajectory
+
+
+class TrajectoryWriter:
+    """The run record as a hook (miniswe/hooks.py): each event of the loop written into the Trajectory, which
+    is saved when a step is complete, and when a reply is in but its command not yet run (a reply is paid
+    for). It runs after every other hook, so the record holds what they decided."""
+
+    def __init__(self, trajectory: Trajectory, notify: Callable[[str], None] = lambda message: None):
+        self.trajectory = trajectory
+        self.notify = notify
+        self._made: dict[str, Any] = {}  # the latest reply's record, for the step its command becomes
+
+    def on_run_start(self, event: Any) -> None:
+        for message in event.messages:
+            self.trajectory.add_message(message["role"], message["content"], message.get("step"))
+        self.trajectory.save()
+
+    def after_reply(self, event: Any) -> None:
+        from miniswe.protocol import thought_of
+
+        reply, trajectory = event.reply, self.trajectory
+        trajectory.add_usage(reply.usage)
+        trajectory.add_message("assistant", reply.content, event.step)
+        for warning in reply.warnings:
+            if trajectory._redact(warning) not in trajectory.warnings:
+                trajectory.warn(warning)
+                self.notify(f"warning: {warning}")
+        self._made = {"thought": thought_of(reply.content), "reasoning": reply.reasoning,
+                      "finish_reason": reply.finish_reason, "usage": reply.usage, "latency_s": round(reply.latency_s, 4)}
+
+    def before_command(self, event: Any) -> None:
+        if not event.veto:
+            self.trajectory.set_pending(Step(event.step, command=event.command, **self._made))
+            self.trajectory.save()
+
+    def after_command(self, event: Any) -> None:
+        self.trajectory.record_step(event.step)
+        if event.observation:
+            self.trajectory.add_message("user", event.message(), event.step.step)
+        self.trajectory.save()
 
 
 def read_document(path: str) -> Any:

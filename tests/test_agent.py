@@ -28,7 +28,8 @@ def test_submitted_with_submission_and_full_record(tmp_path):
     first = data["steps"][0]
     assert first == {"step": 1, "thought": "THOUGHT: next.", "command": "echo hello > f.txt && cat f.txt",
                      "format_error": None, "returncode": 0, "timed_out": False, "output": "hello\n", "output_chars": 6,
-                     "elided_chars": 0, "duration_s": first["duration_s"], "aborted": None, "reasoning": None,
+                     "elided_chars": 0, "duration_s": first["duration_s"], "aborted": None, "refused": None,
+                     "proposed": None, "reasoning": None,
                      "finish_reason": "stop", "usage": first["usage"], "latency_s": first["latency_s"]}
     assert first["usage"]["total_tokens"] > 0
     assert "<returncode>0</returncode>" in data["messages"][3]["content"] and "hello" in data["messages"][3]["content"]
@@ -52,7 +53,7 @@ def test_token_limit(tmp_path):
 
 
 def test_cost_limit(tmp_path):
-    replies = [{"content": act("true"), "cost": 0.3}] * 10
+    replies = [{"content": act(f"echo {i}"), "cost": 0.3} for i in range(10)]
     result, data = run(tmp_path, replies, "agent.cost_limit=1")
     assert data["exit_status"] == "LimitsExceeded" and "cost_limit" in data["exit_detail"]
     assert data["usage"]["model_calls"] == 4 and data["usage"]["cost"] == pytest.approx(1.2)
@@ -113,12 +114,19 @@ def test_sandbox_error_when_the_environment_cannot_start(tmp_path):
     assert data["exit_status"] == "SandboxError" and "not a directory" in data["exit_detail"]
 
 
-def test_unexpected_error_keeps_its_traceback(tmp_path):
-    def explode(step):
-        raise RuntimeError("observer bug")
+def test_a_hook_that_raises_ends_the_run_naming_the_hook(tmp_path):
+    class Exploding:
+        def after_command(self, event):
+            raise RuntimeError("observer bug")
 
-    result, data = run(tmp_path, [act("true"), SUBMIT], observers=[explode])
-    assert data["exit_status"] == "Error" and "RuntimeError: observer bug" in data["exit_detail"]
+    result, data = run(tmp_path, [act("true"), SUBMIT], hooks=[Exploding()])
+    assert data["exit_status"] == "Error" and "Traceback" not in data["exit_detail"]
+    assert data["exit_detail"].startswith("hook test_agent.") and "Exploding.after_command raised RuntimeError: observer bug" in data["exit_detail"]
+
+
+def test_a_bug_keeps_its_traceback(tmp_path):
+    result, data = run(tmp_path, [act("true"), SUBMIT], "environment.kind=test_agent:BrokenEnvironment")
+    assert data["exit_status"] == "Error" and "RuntimeError: environment bug" in data["exit_detail"]
     assert "Traceback" in data["exit_detail"]
 
 
@@ -221,3 +229,54 @@ def test_a_stop_mid_command_records_the_step_with_its_partial_output(tmp_path):
     step, = trajectory.steps
     assert step.aborted == "SIGTERM" and step.returncode is None and step.output == "compiling a\n"
     assert env.ran == ["make"], "no step after the stop"
+
+
+class BrokenEnvironment:
+    """An environment plugin with a bug: its commands raise."""
+
+    def __init__(self, config, **context):
+        pass
+
+    def execute(self, command, *, timeout):
+        raise RuntimeError("environment bug")
+
+    def interrupt(self):
+        pass
+
+    def close(self):
+        pass
+
+    def describe(self):
+        return {"kind": "broken", "cwd": "/"}
+
+
+def test_the_same_command_and_output_again_and_again_warns_then_ends_the_run(tmp_path):
+    result, data = run(tmp_path, [act("cat missing.txt")] * 6)
+    assert data["exit_status"] == "RepeatedAction" and "4 times in a row" in data["exit_detail"]
+    assert len(data["steps"]) == 4
+    assert "Running it once more ends the run" in data["messages"][7]["content"], "the third identical step warns"
+    assert "Running it once more" not in data["messages"][5]["content"]
+
+
+def test_polling_with_a_changing_output_is_progress(tmp_path):
+    (tmp_path / "n").write_text("0")
+    poll = act("n=$(( $(cat n) + 1 )); echo $n > n; cat n")
+    result, data = run(tmp_path, [poll] * 6 + [SUBMIT])
+    assert data["exit_status"] == "Submitted" and len(data["steps"]) == 7
+
+
+def test_the_command_policy_refuses_and_the_run_goes_on(tmp_path):
+    result, data = run(tmp_path, [act("rm -rf ~"), act("echo 'rm -rf /' is just text"), SUBMIT])
+    assert data["exit_status"] == "Submitted"
+    refused, quoted, _ = data["steps"]
+    assert refused["refused"].startswith("refused by the command policy: it deletes the whole file system or the home folder")
+    assert refused["returncode"] is None and refused["output"] == ""
+    assert "The command did not run" in data["messages"][3]["content"]
+    assert quoted["refused"] is None and quoted["output"] == "rm -rf / is just text\n"
+
+
+def test_budget_warnings_when_little_is_left(tmp_path):
+    result, data = run(tmp_path, [act(f"echo {i}") for i in range(10)], "agent.step_limit=10", "agent.budget_warning=0.2")
+    observations = [m["content"] for m in data["messages"] if m["role"] == "user"][1:]
+    warned = [i for i, text in enumerate(observations, 1) if "left for this task" in text]
+    assert warned == [8, 9, 10] and "Only 2 of 10 model calls left" in observations[7]

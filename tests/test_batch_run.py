@@ -27,7 +27,7 @@ def recorded(path: str) -> dict:
 # so the replies of a shared server can interleave between workers in any order.
 COUNTER = act(
     'n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n; sleep "${SLEEP:-0}"; '
-    'if [ "$n" -ge "${STEPS:-3}" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo "patch of $(basename "$(dirname "$PWD")")"; fi'
+    'if [ "$n" -ge "${STEPS:-3}" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo "patch of $(basename "$(dirname "$PWD")")"; else echo "step $n"; fi'
 )
 
 

@@ -376,7 +376,7 @@ def test_container_removed_from_outside_ends_the_run_with_sandbox_error(runs, se
 # Every task gets the same reply (the workers share the server): count in the task's own container, submit at 3.
 COUNTER = act(
     'n=$(( $(cat .n) + 1 )); echo $n > .n; '
-    'if [ "$n" -ge 3 ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; cat host.txt; fi'
+    'if [ "$n" -ge 3 ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; cat host.txt; else echo "step $n"; fi'
 )
 
 

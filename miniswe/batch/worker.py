@@ -23,7 +23,7 @@ from miniswe.signals import Stop
 from miniswe.status import outcome_of
 from miniswe.templates import Renderer
 from miniswe.errors import TrajectoryError
-from miniswe.trajectory import Step, Trajectory, close_unfinished, load
+from miniswe.trajectory import Trajectory, close_unfinished, load
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,16 @@ def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord
     def record(trajectory) -> LedgerRecord:
         return record_of(plan, trajectory, attempt, started, time.monotonic() - clock)
 
-    def on_step(step: Step) -> None:
-        services.emit(StepFinished(plan.id, step.step, step.usage.total_tokens, step.usage.cost))
+    class Progress:  # the batch's view of this task's steps: budgets and the progress display
+        @staticmethod
+        def after_command(event) -> None:
+            step = event.step
+            services.emit(StepFinished(plan.id, step.step, step.usage.total_tokens, step.usage.cost))
 
     ran = False
     common = {"evaluate": plan.task.evaluate, "renderer": services.renderer_for(plan.config.agent.templates_dir),
               "gate": services.gate_for(getattr(plan.config.model, "base_url", "")), "stop": services.stop,
-              "observers": [on_step]}
+              "hooks": [Progress]}
     try:
         services.emit(TaskStarted(plan.id))
         ran = True
