@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniswe.agent import Agent
+from miniswe.hooks import load_hooks
 from miniswe.config import Config
 from miniswe.environments import Environment, build_environment, check_environment
 from miniswe.limits import NO_TIMEOUT
@@ -56,6 +57,7 @@ def check_ready(config: Config, task: str = "", instance: dict[str, Any] | None 
     """Fail on bad input before anything runs: templates (rendered once for `task`), environment and model settings."""
     renderer = Renderer(config.agent.templates_dir)
     renderer.check_instance(task, instance or {}, prompt_variables(config, config.environment.cwd))
+    load_hooks(config.agent.hooks)  # a hook that cannot be loaded is bad input, found before anything runs
     check_environment(config.environment)
     build_model(config)  # the model refuses bad settings when built (no endpoint, no name, an unreadable script)
     return renderer
@@ -162,7 +164,7 @@ def _drive(
         notify(message)
 
     try:
-        env = build_environment(config.environment, run_id=run_id, stop=stop,
+        env = build_environment(config.environment, run_id=run_id, stop=stop, confine=config.policy.confine,
                                 hidden_env=[getattr(config.model, "api_key_env", "")])
         trajectory.describe(environment=env.describe())
         model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,

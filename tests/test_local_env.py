@@ -242,3 +242,28 @@ def test_capture_limit_0_keeps_everything(tmp_path):
     env = LocalEnvironment(LocalConfig(cwd=str(tmp_path), capture_limit=0))
     result = env.execute("head -c 3000000 /dev/zero | tr '\\0' x", timeout=30)
     assert result.output_chars == 3_000_000 and len(result.output) == 3_000_000 and result.elided_chars == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Landlock is Linux's")
+def test_confined_commands_write_only_in_their_folder_and_signal_nothing_outside(tmp_path):
+    import uuid
+
+    from miniswe.environments.spawner import landlock_abi
+
+    if landlock_abi() < 1:
+        pytest.skip("this kernel has no Landlock")
+    outside = f"/var/tmp/miniswe-confine-{uuid.uuid4().hex[:8]}"
+    os.makedirs(outside)
+    try:
+        env = LocalEnvironment(LocalConfig(cwd=str(tmp_path)), confine=True)
+        assert env.execute("echo inside > in.txt && cat in.txt", timeout=10).output == "inside\n"
+        refused = env.execute(f"echo escape > {outside}/out.txt; echo rc=$?", timeout=10)
+        assert "Permission denied" in refused.output and "rc=1" in refused.output
+        assert not os.path.exists(f"{outside}/out.txt")
+        if landlock_abi() >= 6:
+            assert "Operation not permitted" in env.execute(f"kill -0 {os.getpid()}", timeout=10).output
+        env.close()
+    finally:
+        import shutil
+
+        shutil.rmtree(outside, ignore_errors=True)

@@ -29,6 +29,7 @@ from miniswe.batch.worker import recovered
 from miniswe.config import Config
 from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.environments import check_environment
+from miniswe.hooks import load_hooks
 from miniswe.output import add_secrets
 from miniswe.redaction import Secrets, masked_config, run_secrets
 from miniswe.runner import build_model
@@ -174,6 +175,8 @@ def check_plans(task_file: TaskFile, plans: list[Plan]) -> dict[str, Renderer]:
             renderers[agent.templates_dir].check_instance(plan.task.text, plan.task.fields,
                                                           prompt_variables(plan.config, plan.config.environment.cwd))
             check_environment(plan.config.environment)
+            if plan.config.agent.hooks:
+                load_hooks(plan.config.agent.hooks)
             key = repr(model)
             if key not in models:
                 build_model(plan.config)  # refuses bad settings when built (no endpoint, no name, an unreadable script)

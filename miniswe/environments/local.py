@@ -16,7 +16,7 @@ from typing import Any
 
 from miniswe.environments import CommandResult, EnvironmentConfig
 from miniswe.environments.capture import capture
-from miniswe.environments.spawner import kill_descendants
+from miniswe.environments.spawner import kill_descendants, landlock_abi
 from miniswe.errors import SandboxError
 
 # Tools that page, draw progress bars or prompt would stall or flood a non-interactive step.
@@ -40,8 +40,12 @@ class LocalEnvironment:
     config_class = LocalConfig
     keeps_state = True  # the working directory holds what earlier commands did: a resumed run goes on there
 
-    def __init__(self, config: LocalConfig, *, hidden_env: Sequence[str] = (), **_: Any):
+    def __init__(self, config: LocalConfig, *, hidden_env: Sequence[str] = (), confine: bool = False, **_: Any):
         self.config = config
+        if confine and landlock_abi() < 1:
+            raise SandboxError("policy.confine: this kernel has no Landlock (Linux 5.13+ with Landlock enabled "
+                               "confines commands); run in Docker instead, or set policy.confine: false")
+        self.confine = confine
         self.cwd = os.path.abspath(config.cwd or os.getcwd())
         if not os.path.isdir(self.cwd):
             raise SandboxError(f"environment.cwd: {self.cwd} is not a directory; create it or pass --cwd")
@@ -62,7 +66,7 @@ class LocalEnvironment:
                 raise SandboxError(f"the working directory {self.cwd} is gone (a command removed it?); "
                                    "the run cannot go on there")
             if self._spawner is None or not self._spawner.alive():
-                self._spawner = Spawner(self.env, self.cwd)
+                self._spawner = Spawner(self.env, self.cwd, confine=self.confine)
             spawner = self._spawner
             output, self._pid = spawner.start(command)
             if self._interrupt_pending:  # asked to stop before the command had a pid to kill
@@ -116,12 +120,13 @@ class Spawner:
     the spawner kills everything it started.
     """
 
-    def __init__(self, env: dict[str, str], cwd: str):
+    def __init__(self, env: dict[str, str], cwd: str, *, confine: bool = False):
         self.channel, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # its own session: a signal to miniswe's process group (Ctrl-C, kill -9 -PGID) does not reach it
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", SPAWNER, str(theirs.fileno())], cwd=cwd, env=env,
+                [sys.executable, "-I", "-S", SPAWNER, str(theirs.fileno()), *(["--confine"] if confine else [])],
+                cwd=cwd, env=env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), start_new_session=True,
             )

@@ -1,8 +1,10 @@
 """The local environment's spawner: a small process that starts each command as its own child, adopts what
 the command leaves behind, and kills all of it when miniswe is gone.
 
-Run as `python3 -I -S spawner.py FD` with a SOCK_SEQPACKET socket on fd FD (stdlib only, imports nothing
-of miniswe). It is a child subreaper, so a command's processes that outlive their parents (double forks,
+Run as `python3 -I -S spawner.py FD [--confine]` with a SOCK_SEQPACKET socket on fd FD (stdlib only,
+imports nothing of miniswe). With `--confine`, each command is confined by Linux Landlock before it starts:
+it may write only under the working directory, /tmp and /dev, and (Landlock ABI 6+) may not signal any
+process outside its own sandbox. It is a child subreaper, so a command's processes that outlive their parents (double forks,
 `setsid`, `set -m` jobs) become its children instead of init's, and miniswe finds them all under it. It
 ignores the signals a terminal or a `pkill` would send, and lives in its own session, so killing miniswe's
 process group does not take it along. When the socket reports EOF (miniswe exited, even by `kill -9`),
@@ -57,6 +59,7 @@ def main() -> None:
                     command = subprocess.Popen(
                         ["bash", "-c", data[3:].decode("utf-8", "surrogateescape")],
                         stdin=devnull, stdout=fds[0], stderr=fds[0], start_new_session=True,
+                        preexec_fn=confine if "--confine" in sys.argv else None,  # this process has one thread
                     )
                     commands[command.pid] = command
                     channel.send(b"pid %d" % command.pid)
@@ -82,6 +85,50 @@ def _reap(channel: socket.socket, commands: dict[int, subprocess.Popen]) -> None
                 channel.send(b"exit %d %d" % (pid, status))
             except OSError:
                 pass
+
+
+# Linux Landlock: syscall numbers (the same on every architecture) and access rights.
+_CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_WRITE_FILE, _REMOVE_DIR, _REMOVE_FILE, _MAKE_CHAR, _MAKE_DIR, _MAKE_REG = 1 << 1, 1 << 4, 1 << 5, 1 << 6, 1 << 7, 1 << 8
+_MAKE_SOCK, _MAKE_FIFO, _MAKE_BLOCK, _MAKE_SYM, _REFER, _TRUNCATE = 1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14
+_SCOPE_SIGNAL = 1 << 1
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 where there is none."""
+    try:
+        abi = ctypes.CDLL(None, use_errno=True).syscall(_CREATE_RULESET, None, 0, 1)
+    except (OSError, AttributeError):
+        return 0
+    return max(abi, 0)
+
+
+def confine() -> None:
+    """In a command's process, before it starts: writes only under the working directory, /tmp and /dev; no
+    signal to a process outside this sandbox (ABI 6+). Failing to confine must not run the command unconfined."""
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    abi = landlock_abi()
+    writes = (_WRITE_FILE | _REMOVE_DIR | _REMOVE_FILE | _MAKE_CHAR | _MAKE_DIR | _MAKE_REG | _MAKE_SOCK | _MAKE_FIFO
+              | _MAKE_BLOCK | _MAKE_SYM | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0))
+    attr = struct.pack("QQQ", writes, 0, _SCOPE_SIGNAL) if abi >= 6 else struct.pack("Q", writes)
+    ruleset = libc.syscall(_CREATE_RULESET, attr, len(attr), 0)
+    if ruleset < 0:
+        os._exit(126)
+    for path, rights in ((os.getcwd(), writes), ("/tmp", writes), ("/dev", _WRITE_FILE | (_TRUNCATE if abi >= 3 else 0))):
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        rule = struct.pack("=Qi", rights, fd)
+        libc.syscall(_ADD_RULE, ruleset, _RULE_PATH_BENEATH, rule, 0)
+        os.close(fd)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.syscall(_RESTRICT_SELF, ruleset, 0) != 0:
+        os._exit(126)
+    os.close(ruleset)
 
 
 def children(pid: int) -> list[int]:
