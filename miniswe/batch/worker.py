@@ -53,6 +53,17 @@ class WorkerServices:
     emit: Callable[[Event], None]
 
 
+def unfinished_record(plan: Plan, attempt: int, outcome: Outcome) -> LedgerRecord:
+    """The record of a task whose worker is stuck or gone: its trajectory closed with `outcome`, if there is one."""
+    trajectory = close_unfinished(plan.trajectory, outcome)
+    if trajectory is None:
+        return LedgerRecord(plan.id, str(outcome.status), outcome.detail, attempt=attempt, ended=now())
+    return LedgerRecord.from_trajectory(
+        trajectory, task_id=plan.id, relative_path=trajectory_name(plan.id), has_eval=bool(plan.task.evaluate),
+        model=plan.config.model.name or plan.config.model.kind, attempt=attempt, started=trajectory.started,
+        wall_s=trajectory.wall_s or 0.0)
+
+
 def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:
     """Run one planned task to its ledger record; whatever goes wrong, a record comes back."""
     started, clock = now(), time.monotonic()
