@@ -49,10 +49,19 @@ def unavailable() -> str | None:
 
 
 class LoopbackNamespace:
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, *, second_interface: bool = False):
+        """With `second_interface`, a veth pair (both ends inside) with a TEST-NET address and the default route
+        through it: servers that bind all interfaces would listen there, and anything sent off this machine would
+        go out there, counted in `sent_outside` (an ARP for the gateway at least), and reach nothing."""
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
-        self.holder = subprocess.Popen(["unshare", "-rn", "sh", "-c", "ip link set lo up && echo up && exec sleep 86400"],
+        script = "ip link set lo up"
+        if second_interface:
+            script += (" && ip link add mv0 type veth peer name mv1"
+                       " && for i in mv0 mv1; do echo 1 > /proc/sys/net/ipv6/conf/$i/disable_ipv6; done"  # no router solicitations
+                       " && ip addr add 192.0.2.1/24 dev mv0 && ip link set mv0 up && ip link set mv1 up"
+                       " && ip route add default via 192.0.2.2")
+        self.holder = subprocess.Popen(["unshare", "-rn", "sh", "-c", f"{script} && echo up && exec sleep 86400"],
                                        stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
         assert self.holder.stdout.readline().strip() == "up", "the namespace did not come up"
         self.netns = os.readlink(f"/proc/{self.holder.pid}/ns/net")
@@ -75,6 +84,14 @@ class LoopbackNamespace:
         kwargs.setdefault("stdin", subprocess.DEVNULL)
         return subprocess.run(self.argv(*args), env={**self.env, **(env or {})}, timeout=timeout, capture_output=True,
                               text=True, **kwargs)
+
+    def sent_outside(self) -> int:
+        """Packets sent through the second interface so far."""
+        for line in self.run("cat", "/proc/net/dev").stdout.splitlines():
+            name, _, counters = line.partition(":")
+            if name.strip() == "mv0":
+                return int(counters.split()[9])
+        raise AssertionError("no second interface in this namespace")
 
     def pids(self) -> list[int]:
         """Every process in the namespace (all of them this test's), the holder included."""

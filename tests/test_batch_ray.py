@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -293,3 +294,45 @@ def test_sigint_twice_stops_every_node_at_once_and_kills_running_commands(cluste
                 os.kill(int(pid_file.read_text()), 0)
     finally:
         server.stop()
+
+
+LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|\[?::1\]?|\[?::ffff:127\.\d+\.\d+\.\d+\]?)$")
+
+
+def test_a_private_cluster_stays_on_loopback_and_leaves_nothing_behind(tmp_path):
+    """No --ray-address: miniswe starts a cluster of its own. Beside a non-loopback interface that holds the default
+    route, it listens on loopback only, sends not one packet through that interface, and removes its temp dir."""
+    ns = LoopbackNamespace(tmp_path / "home", second_interface=True)
+    server = None
+    try:
+        server = Server(ns, tmp_path, default=act('echo "$HOME" > home; sleep 1; echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT'))
+        write_tasks(tmp_path, [task(f"t{i}") for i in range(3)])
+        before = set(Path("/tmp").glob("miniswe-ray-*"))
+        assert ns.sent_outside() == 0
+        proc = ns.popen(*batch_argv(server, "run", "--executor", "ray", "-w", "3"), cwd=tmp_path, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
+        listening: list[str] = []
+
+        def tasks_running() -> bool:
+            if len(list((tmp_path / "run").glob("*/workspace/home"))) < 3:
+                return False
+            listening.extend(ns.run("ss", "-ltnH").stdout.splitlines())
+            return True
+
+        wait_for(tasks_running)
+        code, out, err = finish(proc)
+        assert code == 0, err
+        assert "private Ray cluster on this machine" in err
+        assert {r["exit_status"] for r in ledger(tmp_path / "run").values()} == {"Submitted"}
+        # the tasks' commands see the user's HOME, not the one the cluster's processes got
+        homes = {(tmp_path / "run" / f"t{i}" / "workspace" / "home").read_text().strip() for i in range(3)}
+        assert homes == {str(tmp_path / "home")}
+        addresses = {line.split()[3].rpartition(":")[0] for line in listening}
+        assert len(listening) > 3 and all(LOOPBACK.match(address) for address in addresses), listening
+        assert ns.sent_outside() == 0, "a packet left through the non-loopback interface"
+        assert set(Path("/tmp").glob("miniswe-ray-*")) <= before, "the private cluster's temp dir is left"
+        assert not (tmp_path / "home" / ".ray").exists(), "Ray wrote into the user's ~/.ray"
+    finally:
+        if server:
+            server.stop()
+        ns.close()

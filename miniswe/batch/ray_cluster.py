@@ -1,7 +1,7 @@
 """Reaching the Ray cluster of `miniswe batch --executor ray`: the user's (`--ray-address`), or a private one
 that miniswe starts on this machine and removes at the end.
 
-A private cluster stays on this machine: its servers bind 127.0.0.1 only, usage statistics are off and
+A private cluster stays on this machine: its servers bind 127.0.0.1 only (Ray's single-machine mode), usage statistics are off and
 their report URL points at a closed loopback port, its processes get a HOME of their own (holding a stub
 `ray_bootstrap_config.yaml`, without which Ray's dashboard process probes cloud metadata addresses, and
 keeping `~/.ray` untouched), a token guards it, and everything lives in a temp dir removed afterwards.
@@ -17,6 +17,7 @@ import math
 import os
 import secrets
 import shutil
+import socket
 import sys
 import tempfile
 from typing import Any
@@ -26,6 +27,7 @@ from miniswe.errors import SandboxError, UsageError
 INSTALL = "pip install 'miniswe[ray]'"
 DEFAULT_RESOURCES = {"CPU": 1.0}
 TEMP_PREFIX = "miniswe-ray-"
+CONNECT_TIMEOUT_S = 10.0
 # What a private cluster's processes run with; the README's "Batches on a Ray cluster" lists the same.
 PRIVATE_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -34,6 +36,11 @@ PRIVATE_ENV = {
     "RAY_enable_metrics_collection": "0",
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
     "RAY_AUTH_MODE": "token",
+    "RAY_BACKEND_LOG_LEVEL": "error",  # its warnings go to its log files, not into the batch's progress
+    # Ray's single-machine mode (its default on macOS): the node's address is 127.0.0.1 and every server binds it.
+    # Without it, a machine with any non-loopback interface gets servers on all interfaces, even with
+    # _node_ip_address="127.0.0.1", which ray.init replaces with a "remotely reachable" address.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
 }
 
 
@@ -85,6 +92,7 @@ class RayCluster:
         return f"the Ray cluster at {self.address}" if self.address else "a private Ray cluster on this machine"
 
     def _connect(self, address: str) -> None:
+        _check_reachable(address)
         import ray
 
         self.ray = ray
@@ -117,9 +125,10 @@ class RayCluster:
         import ray
 
         self.ray = ray
-        if already:  # Ray reads its settings when imported: have it read them again, as Ray does itself for this
+        if already:  # Ray reads these settings when imported: have it read them again
             with contextlib.suppress(Exception):
                 ray._raylet.Config.initialize("")
+                ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
         # room for every worker's task: the node offers what `workers` tasks ask for
         custom = {name: amount * workers for name, amount in self.resources.items() if name not in ("CPU", "GPU", "memory")}
         cpus = max(os.cpu_count() or 1, math.ceil(self.resources.get("CPU", 0) * workers))
@@ -158,6 +167,19 @@ class RayCluster:
         if self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
+
+
+def _check_reachable(address: str) -> None:
+    """A host:port that accepts no connection fails in one line now: Ray would retry for minutes."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return  # `auto`, or a Ray Client address: Ray finds or checks it itself
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        reason = (error.strerror or str(error) or type(error).__name__).lower()
+        raise SandboxError(f"cannot connect to the Ray cluster at {address}: {reason}; check --ray-address "
+                           "(no task was run)") from None
 
 
 def _sweep_stale() -> None:
