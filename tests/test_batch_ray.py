@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +146,7 @@ def test_spread_over_both_nodes_with_the_same_ledger_and_report_as_threads(clust
     steps = {f"t{i:02d}": 2 + i % 3 for i in range(12)}
     write_tasks(work, [task(i, s, sleep=0.1) for i, s in steps.items()])
     # run directories named alike: their paths are in the prompts, and so in the token counts
+    scratch = set(Path("/tmp").glob("miniswe-tasks-*/*"))
     threads = cluster.ns.run(*batch_argv(server, "run-t", "-w", "4", "-q"), cwd=work)
     assert threads.returncode == 0, threads.stderr
     code, out, err = finish(start_batch(cluster, work, server, "-w", "4", run_dir="run-r"))
@@ -173,7 +175,7 @@ def test_spread_over_both_nodes_with_the_same_ledger_and_report_as_threads(clust
     run_json = json.loads((ray_run / "run.json").read_text())
     assert run_json["status"] == "finished" and run_json["options"]["executor"] == "ray"
     assert len(server.requests) == 2 * sum(steps.values())
-    assert not list(Path("/tmp").glob("miniswe-tasks-*/t*")), "scratch folders left on the nodes"
+    assert set(Path("/tmp").glob("miniswe-tasks-*/*")) <= scratch, "scratch folders left on the nodes"
 
 
 def test_a_node_killed_mid_batch_loses_only_its_running_tasks_and_a_rerun_finishes(cluster, work, server):
@@ -292,6 +294,66 @@ def test_sigint_twice_stops_every_node_at_once_and_kills_running_commands(cluste
         for pid_file in run.glob("*/workspace/pid"):
             with pytest.raises(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), 0)
+    finally:
+        server.stop()
+
+
+def test_resources_no_node_offers_or_an_address_that_does_not_answer_run_nothing(cluster, work, server):
+    write_tasks(work, [task("a")])
+    code, out, err = finish(start_batch(cluster, work, server, "--ray-resources", "dokcer=1"))
+    assert code == 3, err
+    assert f"miniswe: no node of the Ray cluster at {cluster.address} offers dokcer=1 (they offer CPU," in err
+    assert "start nodes with e.g. `ray start --resources" in err
+    started = time.monotonic()
+    proc = cluster.ns.popen(*batch_argv(server, "run", "--executor", "ray", "--ray-address", "127.0.0.1:1"), cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code, out, err = finish(proc)
+    assert code == 3 and time.monotonic() - started < 15
+    assert err == ("miniswe: cannot connect to the Ray cluster at 127.0.0.1:1: connection refused; check --ray-address "
+                   "(no task was run)\n")
+    assert not (work / "run").exists() and not server.requests
+
+
+def docker_problem() -> str | None:
+    if not shutil.which("docker"):
+        return "no `docker` on PATH"
+    try:
+        found = subprocess.run(["docker", "image", "inspect", "miniswe-test:latest"], capture_output=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "`docker image inspect` hung"
+    return None if found.returncode == 0 else "no Docker engine with image miniswe-test:latest (.ci/docker-engine start)"
+
+
+def test_sigint_twice_leaves_no_container_on_any_node(cluster, work):
+    """Docker tasks on both nodes, stopped at once: every container is gone when the driver exits."""
+    problem = docker_problem()
+    if problem:
+        if os.environ.get("MINISWE_REQUIRE_DOCKER"):
+            raise AssertionError(f"MINISWE_REQUIRE_DOCKER is set: {problem}")
+        pytest.skip(problem)
+    tag = f"raystop{time.monotonic_ns()}"
+    server = Server(cluster.ns, work, default=act("echo started > /tmp/started; sleep 60"))
+    try:
+        write_tasks(work, [task(f"{tag}-{i}", env={"image": "miniswe-test:latest"}) for i in range(4)])
+        run = work / "run"
+        proc = start_batch(cluster, work, server, "-w", "4")
+
+        def ours() -> list[str]:
+            listing = subprocess.run(["docker", "ps", "-a", "--filter", "label=miniswe.run", "--format",
+                                      '{{.ID}} {{.Label "miniswe.run"}}'], capture_output=True, text=True, timeout=30)
+            return [line.split()[0] for line in listing.stdout.splitlines() if tag in line]
+
+        wait_for(lambda: len(server.requests) >= 4 and len(ours()) == 4, timeout=90)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        code, out, err = finish(proc, timeout=60)
+        assert code == 130, err
+        records = ledger(run)
+        assert len(records) == 4 and {r["exit_status"] for r in records.values()} == {"Interrupted"}
+        assert len({trajectory(run, r)["metadata"]["ray_node"] for r in records.values()}) == 2
+        assert ours() == [], "a container outlived the stop"
     finally:
         server.stop()
 

@@ -4,9 +4,10 @@
 How the batch's shared state crosses processes and nodes:
 - events (task started, step finished) go from the worker to the hub actor as they happen, and the driver
   takes them from the hub every poll (ray_hub.py); the finished record comes back as the Ray task's result;
-- the stop: the driver pushes its Stop to the hub; each worker process mirrors it into a local Stop (at
-  every step's report, and from a thread every MIRROR_S), whose cancellers kill the running command;
-- call gates: a proxy per endpoint asks the hub before every model call, so a 429 anywhere pauses all;
+- the stop: the driver pushes its Stop to the hub; a thread in each worker process follows the hub (a
+  long poll) and mirrors it into a local Stop, whose cancellers kill the running command;
+- call gates: a 429's pause goes to the hub and from there to every worker process the same way, within
+  milliseconds; with --max-concurrent-calls, a task asks the hub for a slot before every model call;
 - budgets are counted here, from the step events, as with threads;
 - trajectories: written on the worker's node, copied to the hub while the task runs and returned with the
   record; this process writes them into the run directory.
@@ -30,6 +31,7 @@ from miniswe.batch.ray_hub import Hub
 from miniswe.batch.ray_worker import Job, run_remote
 from miniswe.batch.scheduler import Shared
 from miniswe.batch.worker import Event, TaskFinished, unfinished_record
+from miniswe.errors import SandboxError
 from miniswe.status import ExitStatus, Outcome
 
 CANCEL_GRACE_S = 2.0  # at close, how long cancelled tasks get to record themselves and remove their containers
@@ -54,9 +56,11 @@ class RayExecutor:
         ray = self.ray
         self._shared = shared
         here = ray.get_runtime_context().get_node_id()
-        # beside the driver: it lives and dies with this batch
+        # beside the driver: it lives and dies with this batch. An asyncio actor: each busy worker process keeps
+        # one watch waiting in it.
         self._hub = ray.remote(Hub).options(
-            num_cpus=0, max_concurrency=1, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+            num_cpus=0, max_concurrency=2 * self.capacity + 100,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         ).remote(shared.gates.max_concurrent)
         self._job = ray.put(Job(__version__, self._env, uuid.uuid4().hex[:12], capped=shared.gates.max_concurrent > 0))
         options = {RAY_NAMED[name]: amount for name, amount in self.cluster.resources.items() if name in RAY_NAMED}
@@ -81,7 +85,10 @@ class RayExecutor:
             if ready and len(refs) > 1:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
         # taken after the finished ones were seen: a worker's reports reach the hub before its result is ready
-        reported, copies = ray.get(self._hub.take.remote())
+        try:
+            reported, copies = ray.get(self._hub.take.remote())
+        except ray.exceptions.RayActorError as error:
+            raise SandboxError(f"the batch's hub actor died ({error}); rerun the batch to continue") from None
         attempts = {plan.id: (plan, attempt) for plan, attempt in self._running.values()}
         for task_id, (attempt, data) in copies.items():
             if task_id in attempts and attempts[task_id][1] == attempt:  # a late copy of a finished task is stale

@@ -1,12 +1,14 @@
 """A task of a batch as a Ray worker process runs it: `run_remote` is the remote function the Ray executor
 submits, once per task.
 
-Each worker process keeps one WorkerSide per batch: a local Stop that a thread keeps in step with the hub's
-(so an urgent stop reaches this process's cancellers: the running command, the model call in flight), gate
-proxies that ask the hub before each model call, and renderers built here from the templates dir (a
-Renderer does not travel). The trajectory is written on this node, under a scratch folder, and copied to
-the hub while the task runs (the first save at once, then at most every SNAPSHOT_S) and returned whole
-with the record at the end; the driver writes it into the run directory.
+Each worker process keeps one WorkerSide per batch: a local Stop and local call gates that a thread keeps in
+step with the hub's (a long poll: a stop or a 429's pause reaches every process within milliseconds, and an
+urgent stop reaches this process's cancellers: the running command, the model call in flight), and
+renderers built here from the templates dir (a Renderer does not travel). Events go to the hub without
+waiting; before a task's result is returned, its events are known to have arrived. The trajectory is
+written on this node, under a scratch folder, and copied to the hub while the task runs (soon after it
+starts, then at most every SNAPSHOT_S) and returned whole with the record at the end; the driver writes
+it into the run directory.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from miniswe.batch.ray_hub import NO_SLOT
 from miniswe.batch.worker import Event, WorkerServices, run_plan
 from miniswe.config import override
 from miniswe.errors import Cancelled, DeadlineReached
+from miniswe.models.gate import CallGate
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome
 from miniswe.templates import Renderer
 
-MIRROR_S = 0.2  # how often a busy worker process looks at the hub's stop
+WATCH_S = 0.5  # the longest a busy worker process's watch on the hub waits (it answers at once on a change)
 SNAPSHOT_S = 5.0  # at most this often, a running task's trajectory is copied to the driver
 SLOT_POLL_S = 0.25  # a caller waiting for a free model-call slot asks again this often
 
@@ -83,10 +86,10 @@ class WorkerSide:
         self.stop = Stop()
         self.renderers: dict[str, Renderer] = {}
         self.gates: dict[str, GateProxy] = {}
-        self.lock = threading.Lock()  # orders this process's reports: a copy sent late must not follow the result
+        self.lock = threading.Lock()
         self.current: _Running | None = None
         self.busy = threading.Event()
-        threading.Thread(target=self._mirror, name="miniswe-stop-mirror", daemon=True).start()
+        threading.Thread(target=self._follow, name="miniswe-hub-watch", daemon=True).start()
 
     def run(self, plan: Plan, attempt: int) -> Result:
         local = localize(plan, os.path.join(self.scratch, plan.id), self.node)
@@ -99,6 +102,8 @@ class WorkerSide:
             record = run_plan(local, attempt, services)
             with self.lock:
                 self.current = None  # no copy of it is sent after this
+            # calls from one process run in order: once this one is answered, every event of the task has arrived
+            self.ray.get(self.hub.report.remote([]))
             return Result(record, _read(local.trajectory), self.node)
         finally:
             self.busy.clear()
@@ -110,35 +115,34 @@ class WorkerSide:
                 os.rmdir(os.path.dirname(folder))  # the batch's scratch folder, once no task of it runs here
 
     def emit(self, event: Event) -> None:
-        """Report an event before going on, and take the hub's stop with the answer: a step's end is where a
-        run looks at its Stop."""
-        with self.lock:
-            self._apply(self.ray.get(self.hub.report.remote([event])))
+        self.hub.report.remote([event])
 
-    def _apply(self, state: tuple[Any, bool]) -> None:
-        outcome, urgent = state
-        if outcome is not None:
-            self.stop.request(outcome, urgent=urgent)
-
-    def _mirror(self) -> None:
-        """While a task runs here: follow the hub's stop, and send trajectory copies."""
+    def _follow(self) -> None:
+        """While a task runs here: take the hub's stop and pauses as they change, and send trajectory copies."""
+        seen = -1
         while True:
             self.busy.wait()
-            time.sleep(MIRROR_S)
             try:
-                with self.lock:
-                    copies = self.current.copy_due() if self.current else {}
-                    state = self.ray.get(self.hub.report.remote([], copies))
-                self._apply(state)
+                seen, outcome, urgent, pauses = self.ray.get(self.hub.watch.remote(seen, WATCH_S))
             except self.ray.exceptions.RayActorError:  # the hub is gone with its driver: nobody takes results now
                 self.stop.request(Outcome(ExitStatus.INTERRUPTED, "the batch's driver is gone"), urgent=True)
                 time.sleep(1.0)
+                continue
+            if outcome is not None:
+                self.stop.request(outcome, urgent=urgent)
+            for url, seconds in pauses.items():
+                self._gate(url, "").local.pause(seconds)
+            with self.lock:
+                copies = self.current.copy_due() if self.current else {}
+            if copies:
+                self.hub.report.remote([], copies)
 
     def _gate(self, url: str, task_id: str) -> GateProxy:
         gate = self.gates.get(url)
         if gate is None:
-            gate = self.gates[url] = GateProxy(self.ray, self.hub, url, self.capped)
-        gate.holder = task_id
+            gate = self.gates.setdefault(url, GateProxy(self.ray, self.hub, url, self.capped))
+        if task_id:
+            gate.holder = task_id
         return gate
 
     def _renderer(self, templates_dir: str) -> Renderer:
@@ -174,33 +178,39 @@ class _Running:
 
 
 class GateProxy:
-    """The endpoint's gate as CallGate's interface, kept by the hub: a pause and a cap that span the cluster."""
+    """The endpoint's gate with CallGate's interface, across the cluster: a pause is kept in a local CallGate,
+    told to the hub at once and learnt from it (WorkerSide._follow); a cap on calls in flight is the hub's."""
 
     def __init__(self, ray: Any, hub: Any, url: str, capped: bool):
         self.ray, self.hub, self.url, self.capped = ray, hub, url, capped
+        self.local = CallGate()
         self.holder = ""
 
     def pause(self, seconds: float) -> None:
-        self.ray.get(self.hub.pause.remote(self.url, seconds))
+        self.local.pause(seconds)
+        self.hub.pause.remote(self.url, seconds)
 
     @contextlib.contextmanager
     def slot(self, stop: Stop, deadline: float | None = None) -> Iterator[None]:
-        holder = self.holder
-        while (wait := self.ray.get(self.hub.enter.remote(self.url, holder))) != 0:
-            if wait == NO_SLOT:
-                if stop.wait(SLOT_POLL_S):
-                    raise Cancelled("model call cancelled while waiting for a free slot")
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeadlineReached("time_limit reached while waiting for a free model-call slot")
-                continue
-            if deadline is not None and time.monotonic() + wait >= deadline:
-                raise DeadlineReached(f"time_limit reached: the endpoint asked every caller to wait {wait:.0f}s more")
-            if stop.wait(wait):
-                raise Cancelled("model call cancelled while the endpoint asked to wait")
-        try:
-            yield
-        finally:
-            if self.capped:
+        with self.local.slot(stop, deadline):
+            if not self.capped:
+                yield
+                return
+            holder = self.holder
+            while (wait := self.ray.get(self.hub.enter.remote(self.url, holder))) != 0:
+                if wait == NO_SLOT:
+                    if stop.wait(SLOT_POLL_S):
+                        raise Cancelled("model call cancelled while waiting for a free slot")
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise DeadlineReached("time_limit reached while waiting for a free model-call slot")
+                    continue
+                if deadline is not None and time.monotonic() + wait >= deadline:
+                    raise DeadlineReached(f"time_limit reached: the endpoint asked every caller to wait {wait:.0f}s more")
+                if stop.wait(wait):
+                    raise Cancelled("model call cancelled while the endpoint asked to wait")
+            try:
+                yield
+            finally:
                 self.hub.leave.remote(self.url, holder)
 
 

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import requests
 
 from miniswe.batch.files import write_atomic
-from miniswe.batch.ledger import Ledger, LedgerRecord
+from miniswe.batch.ledger import LEDGER, Ledger, LedgerRecord, read_records
 from miniswe.batch.plan import Plan, plan_tasks
 from miniswe.batch.progress import BatchState, make_progress
 from miniswe.batch.report import build_report, render_markdown
@@ -96,7 +96,17 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         warn_orphans(docker)
 
     cluster = None
-    run_dir.lock()
+    if options.executor == "ray" and _work_left(run_dir, plans, options.redo):
+        # before the run directory is made or changed: a cluster out of reach leaves no trace
+        from miniswe.batch.ray_cluster import RayCluster
+
+        cluster = RayCluster(options.ray_address, resources, options.workers)
+    try:
+        run_dir.lock()
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
     try:
         previous = run_dir.read_run()
         identity = model_identity(config)
@@ -107,7 +117,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         todo = [p for p in plans if p.id in redo or not _kept(ledger.records.get(p.id))]
         todo_ids = {p.id for p in todo}
         kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]
-        if todo and options.executor == "ray":  # before the run directory changes: a cluster out of reach runs nothing
+        if options.executor == "ray" and cluster is None and todo:  # the ledger changed since the look above
             from miniswe.batch.ray_cluster import RayCluster
 
             cluster = RayCluster(options.ray_address, resources, options.workers)
@@ -119,6 +129,14 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         if cluster is not None:
             cluster.close()
         run_dir.unlock()
+
+
+def _work_left(run_dir: RunDir, plans: list[Plan], redo: str | None) -> bool:
+    """Whether a batch into `run_dir` would run anything: a read-only look at its ledger, before taking it."""
+    if redo:
+        return True
+    records = read_records(os.path.join(run_dir.path, LEDGER), warn=lambda message: None)
+    return any(not _kept(records.get(plan.id)) for plan in plans)
 
 
 def check_executor(options: BatchOptions) -> dict[str, float]:
