@@ -3,8 +3,9 @@
 200 tasks x 10 steps against the loopback scripted server answering each call after 200 ms, run as a real
 `miniswe batch` with 16 workers: threads, then Ray on a two-node cluster (a head and a second `ray start
 --address` node, 8 CPUs' worth of tasks each). Everything runs inside a network namespace holding only
-loopback (tests/raycluster.py), so it needs `unshare -rn`. Reports tasks per second, the driver's peak
-memory, the Ray workers' memory, and the Ray path's overhead per task beyond the thread executor's.
+loopback (tests/raycluster.py), so it needs `unshare -rn`. Reports tasks per second (overall, and once
+every worker runs a task), the start-up until then, the driver's peak memory, the Ray workers' memory,
+and the Ray path's overhead per task beyond the thread executor's.
 
 Run: .venv/bin/python benchmarks/bench_ray.py [--tasks 200 --steps 10 --latency 0.2 --workers 16]
 """
@@ -12,6 +13,7 @@ Run: .venv/bin/python benchmarks/bench_ray.py [--tasks 200 --steps 10 --latency 
 from __future__ import annotations
 
 import argparse
+import calendar
 import json
 import os
 import subprocess
@@ -44,6 +46,12 @@ sys.exit(code)
 """
 
 
+def stamp(iso: str) -> float:
+    """Seconds since the epoch of a trajectory's timestamp (2026-01-02T03:04:05.678Z)."""
+    whole, _, millis = iso.rstrip("Z").partition(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + int(millis or 0) / 1000
+
+
 def rss_of_ray_workers(ns: LoopbackNamespace) -> int:
     """Bytes resident in the namespace's Ray worker processes (their command lines start with ray::)."""
     total = 0
@@ -70,7 +78,7 @@ def run(ns: LoopbackNamespace, work: Path, base_url: str, name: str, workers: in
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    started = time.perf_counter()
+    started, launched = time.perf_counter(), time.time()
     proc = ns.run(sys.executable, "-c", DRIVER, "batch", "tasks.yaml", "-o", str(run_dir), "-w", str(workers),
                   "--base-url", base_url, "-m", "bench", "-q", *extra, cwd=work, timeout=3600)
     wall = time.perf_counter() - started
@@ -81,14 +89,23 @@ def run(ns: LoopbackNamespace, work: Path, base_url: str, name: str, workers: in
     maxrss = int(next(line.split()[1] for line in proc.stderr.splitlines() if line.startswith("MAXRSS_KB")))
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     model_s = command_s = 0.0
+    spans = []
     for record in records:
         trajectory = json.loads((run_dir / record["trajectory"]).read_text())
         model_s += sum(step.get("latency_s", 0.0) for step in trajectory["steps"])
         command_s += sum(step["duration_s"] for step in trajectory["steps"])
+        spans.append((stamp(trajectory["timing"]["started"]), stamp(trajectory["timing"]["ended"])))
     tasks = len(records)
+    spans.sort()
+    # start-up: until `workers` tasks run at once (process, cluster connection, Ray worker processes);
+    # warm: the rate of the tasks started after that
+    ready = spans[min(workers, tasks) - 1][0]
+    warm = [span for span in spans if span[0] > ready]
+    warm_rate = len(warm) / (max(end for _, end in warm) - ready) if warm else float("nan")
     assert all(r["exit_status"] == "Submitted" for r in records), f"{name}: not every task submitted"
     return {
-        "name": name, "wall_s": wall, "tasks_per_s": tasks / wall, "driver_mb": maxrss / 1024,
+        "name": name, "wall_s": wall, "tasks_per_s": tasks / wall, "startup_s": ready - launched, "warm_per_s": warm_rate,
+        "driver_mb": maxrss / 1024,
         "workers_mb": peak[0] / 2**20,
         # worker-seconds not spent on the model or a command, per task: start-up, planning, scheduling, files
         "overhead_ms": (wall * workers - model_s - command_s) / tasks * 1000,
@@ -130,11 +147,12 @@ def main() -> None:
             server.kill()
         finally:
             ns.close()
-    print(f"{'executor':>8}  {'wall s':>7}  {'tasks/s':>7}  {'driver MB':>9}  {'workers MB':>10}  "
-          f"{'overhead/task ms':>16}  {'in-task ms':>10}")
+    print(f"{'executor':>8}  {'wall s':>7}  {'tasks/s':>7}  {'start-up s':>10}  {'warm tasks/s':>12}  {'driver MB':>9}  "
+          f"{'Ray workers MB':>14}  {'overhead/task ms':>16}  {'in-task ms':>10}")
     for r in results:
-        print(f"{r['name']:>8}  {r['wall_s']:>7.2f}  {r['tasks_per_s']:>7.2f}  {r['driver_mb']:>9.0f}  {r['workers_mb']:>10.0f}  "
-              f"{r['overhead_ms']:>16.1f}  {r['task_overhead_ms']:>10.1f}")
+        workers_mb = f"{r['workers_mb']:.0f}" if r["name"] == "ray" else "-"
+        print(f"{r['name']:>8}  {r['wall_s']:>7.2f}  {r['tasks_per_s']:>7.2f}  {r['startup_s']:>10.2f}  {r['warm_per_s']:>12.2f}  "
+              f"{r['driver_mb']:>9.0f}  {workers_mb:>14}  {r['overhead_ms']:>16.1f}  {r['task_overhead_ms']:>10.1f}")
     threads, ray = results
     print(f"Ray path: {ray['overhead_ms'] - threads['overhead_ms']:.0f} ms more worker time per task than threads "
           f"({ray['task_overhead_ms'] - threads['task_overhead_ms']:.1f} ms of it inside the task)")
