@@ -398,3 +398,35 @@ def test_a_private_cluster_stays_on_loopback_and_leaves_nothing_behind(tmp_path)
         if server:
             server.stop()
         ns.close()
+
+
+def test_a_private_cluster_left_by_a_killed_driver_is_cleared_by_the_next_run(tmp_path):
+    """kill -9 of the driver takes its private cluster's core processes with it; what outlives it (Ray's agents,
+    the temp dir) is removed when the batch is run again, which finishes it."""
+    ns = LoopbackNamespace(tmp_path / "home")
+    server = None
+    try:
+        server = Server(ns, tmp_path)
+        write_tasks(tmp_path, [task(f"t{i}", 8, sleep=0.3) for i in range(3)])
+        before = set(Path("/tmp").glob("miniswe-ray-*"))
+        argv = batch_argv(server, "run", "--executor", "ray", "-w", "3", "-q")
+        proc = ns.popen(*argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(list((tmp_path / "run").glob("*/workspace/.n"))) == 3)
+        temp_dirs = set(Path("/tmp").glob("miniswe-ray-*")) - before
+        assert len(temp_dirs) == 1
+        proc.kill()
+        proc.wait()
+        time.sleep(1)
+        outlived = [pid for pid in ns.pids() if pid not in (ns.holder.pid, server.proc.pid)]
+        code, out, err = finish(ns.popen(*argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        assert code == 0, err
+        records = ledger(tmp_path / "run")
+        assert len(records) == 3 and {r["exit_status"] for r in records.values()} == {"Submitted"}
+        assert not temp_dirs.pop().exists()
+        for pid in outlived:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if server:
+            server.stop()
+        ns.close()

@@ -17,6 +17,7 @@ import math
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -36,7 +37,6 @@ PRIVATE_ENV = {
     "RAY_enable_metrics_collection": "0",
     "RAY_DISABLE_DOCKER_CPU_WARNING": "1",
     "RAY_AUTH_MODE": "token",
-    "RAY_BACKEND_LOG_LEVEL": "error",  # its warnings go to its log files, not into the batch's progress
     # Ray's single-machine mode (its default on macOS): the node's address is 127.0.0.1 and every server binds it.
     # Without it, a machine with any non-loopback interface gets servers on all interfaces, even with
     # _node_ip_address="127.0.0.1", which ray.init replaces with a "remotely reachable" address.
@@ -183,7 +183,8 @@ def _check_reachable(address: str) -> None:
 
 
 def _sweep_stale() -> None:
-    """Remove the temp dirs of private clusters whose driver was killed (kill -9 leaves them behind)."""
+    """Remove what private clusters whose driver was killed (kill -9) left behind: their temp dir, and the Ray
+    processes that outlive the driver (the raylet's agents), found by the files they hold open in it."""
     base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
@@ -200,6 +201,25 @@ def _sweep_stale() -> None:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
+                _kill_processes_of(path)
                 shutil.rmtree(path, ignore_errors=True)
             except OSError:
                 pass  # alive, someone else's
+
+
+def _kill_processes_of(temp_dir: str) -> None:
+    # a private cluster's processes hold files open below its temp dir (their logs): Ray renames its
+    # processes, and overwrites their environment with the new name, so nothing else says whose they are
+    prefix = temp_dir + os.sep
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+                    continue
+                if not any(os.readlink(f"/proc/{entry}/fd/{fd}").startswith(prefix) for fd in os.listdir(f"/proc/{entry}/fd")):
+                    continue
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
