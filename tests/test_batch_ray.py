@@ -257,6 +257,21 @@ def test_a_429_on_one_node_pauses_every_task_on_both(cluster, work):
         server.stop()
 
 
+def test_max_concurrent_calls_caps_calls_in_flight_across_nodes(cluster, work):
+    server = Server(cluster.ns, work, latency=0.1)
+    try:
+        write_tasks(work, [task(f"t{i}", 3) for i in range(4)])
+        code, out, err = finish(start_batch(cluster, work, server, "-w", "4", "--max-concurrent-calls", "1"))
+        assert code == 0, err
+        received = sorted(r["received"] for r in server.requests)
+        assert len(received) == 12
+        # one call at a time: each is sent after the one before was answered (0.1 s); uncapped, four go at once
+        assert min(b - a for a, b in zip(received, received[1:])) >= 0.09
+        assert len({trajectory(work / "run", r)["metadata"]["ray_node"] for r in ledger(work / "run").values()}) == 2
+    finally:
+        server.stop()
+
+
 def test_batch_budget_stops_tasks_on_every_node(cluster, work, server):
     write_tasks(work, [task(f"t{i}", 8, sleep=0.2) for i in range(8)])
     code, out, err = finish(start_batch(cluster, work, server, "-w", "4", "--batch-token-limit", "6000"))
