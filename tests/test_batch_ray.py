@@ -198,7 +198,6 @@ def test_a_node_killed_mid_batch_loses_only_its_running_tasks_and_a_rerun_finish
         assert record["exit_status"] == "SandboxError" and "lost with its Ray worker or node" in record["exit_detail"]
         data = trajectory(run, record)
         assert data["exit_status"] == "SandboxError" and data["metadata"]["task_id"] == task_id
-    assert all(nodes_of(run, i) == {"head"} for i in records if i not in lost and "worker" not in nodes_of(run, i))
 
     cluster.start_node("worker", f"--address={cluster.address}", f"--temp-dir={cluster.tmp / 'ray-w'}")
     code, out, err = finish(start_batch(cluster, work, server, "-w", "4"))

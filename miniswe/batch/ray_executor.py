@@ -124,7 +124,8 @@ class RayExecutor:
         except ray.exceptions.TaskCancelledError:
             return unfinished_record(plan, attempt, self._shared.stop.outcome or Outcome(ExitStatus.INTERRUPTED, "cancelled"))
         except ray.exceptions.RayTaskError as error:  # raised by miniswe on the node, e.g. another version there
-            return unfinished_record(plan, attempt, Outcome(ExitStatus.ERROR, f"the task failed on its Ray node: {error}"))
+            cause = getattr(error, "cause", None) or error
+            return unfinished_record(plan, attempt, Outcome(ExitStatus.ERROR, f"the task failed on its Ray node: {cause}"))
         except ray.exceptions.RayError as error:  # its worker process or its whole node died
             self._hub.forget.remote(plan.id)
             why = (str(error).strip().splitlines() or [type(error).__name__])[0]

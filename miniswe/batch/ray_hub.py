@@ -25,6 +25,8 @@ class Hub:
         self.resume_at: dict[str, float] = {}  # by endpoint: when its pause ends (this process's clock)
         self.holders: dict[str, set[str]] = {}  # by endpoint: the tasks holding a slot
         self.events: list[Any] = []
+        self.counts: dict[str, int] = {}  # by task id: events received (see `settle`)
+        self._arrived: asyncio.Event | None = None
         self.copies: dict[str, tuple[int, bytes]] = {}  # by task id: (attempt, latest trajectory bytes)
         self._changed: asyncio.Event | None = None
 
@@ -59,10 +61,29 @@ class Hub:
         self._bump()
 
     # -- what workers report ---------------------------------------------------------------------------------
-    async def report(self, events: list[Any], copies: dict[str, tuple[int, bytes]] | None = None) -> None:
+    async def report(self, events: list[Any], copies: dict[str, tuple[int, bytes]] | None = None,
+                     task_id: str = "") -> None:
         self.events.extend(events)
         if copies:
             self.copies.update(copies)
+        if events and task_id:
+            self.counts[task_id] = self.counts.get(task_id, 0) + len(events)
+            if self._arrived is not None:
+                self._arrived.set()
+                self._arrived = None
+
+    async def settle(self, task_id: str, sent: int, timeout: float) -> bool:
+        """Once the `sent` events a task reported have all arrived (Ray does not keep an asyncio actor's calls
+        in order), or after `timeout`; the worker returns its result only then."""
+        deadline = time.monotonic() + timeout
+        while self.counts.get(task_id, 0) < sent and (left := deadline - time.monotonic()) > 0:
+            if self._arrived is None:
+                self._arrived = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        return self.counts.pop(task_id, 0) >= sent
 
     async def take(self) -> tuple[list[Any], dict[str, tuple[int, bytes]]]:
         """Everything reported since the last call (the driver's side)."""

@@ -5,7 +5,7 @@ Each worker process keeps one WorkerSide per batch: a local Stop and local call 
 step with the hub's (a long poll: a stop or a 429's pause reaches every process within milliseconds, and an
 urgent stop reaches this process's cancellers: the running command, the model call in flight), and
 renderers built here from the templates dir (a Renderer does not travel). Events go to the hub without
-waiting; before a task's result is returned, its events are known to have arrived. The trajectory is
+waiting; a task's result is returned once the hub has all its events. The trajectory is
 written on this node, under a scratch folder, and copied to the hub while the task runs (soon after it
 starts, then at most every SNAPSHOT_S) and returned whole with the record at the end; the driver writes
 it into the run directory.
@@ -39,6 +39,7 @@ from miniswe.templates import Renderer
 WATCH_S = 0.5  # the longest a busy worker process's watch on the hub waits (it answers at once on a change)
 SNAPSHOT_S = 5.0  # at most this often, a running task's trajectory is copied to the driver
 SLOT_POLL_S = 0.25  # a caller waiting for a free model-call slot asks again this often
+SETTLE_S = 30.0  # the longest a finished task waits for the hub to have all its events
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,6 @@ class Job:
 class Result:
     record: LedgerRecord
     trajectory: bytes | None  # the finished trajectory file, for the driver to write into the run directory
-    node: str
 
 
 _sides: dict[str, WorkerSide] = {}
@@ -96,15 +96,22 @@ class WorkerSide:
         with self.lock:
             self.current = _Running(plan.id, attempt, local.trajectory)
         self.busy.set()
+        sent = 0
+
+        def emit(event: Event) -> None:
+            nonlocal sent
+            sent += 1
+            self.hub.report.remote([event], None, plan.id)  # without waiting: a step does not wait for the hub
+
         try:
             services = WorkerServices(stop=self.stop, gate_for=lambda url: self._gate(url, plan.id),
-                                      renderer_for=self._renderer, emit=self.emit)
+                                      renderer_for=self._renderer, emit=emit)
             record = run_plan(local, attempt, services)
             with self.lock:
                 self.current = None  # no copy of it is sent after this
-            # calls from one process run in order: once this one is answered, every event of the task has arrived
-            self.ray.get(self.hub.report.remote([]))
-            return Result(record, _read(local.trajectory), self.node)
+            # the result must not overtake the task's events: the driver counts its budgets from them
+            self.ray.get(self.hub.settle.remote(plan.id, sent, SETTLE_S))
+            return Result(record, _read(local.trajectory))
         finally:
             self.busy.clear()
             with self.lock:
@@ -113,9 +120,6 @@ class WorkerSide:
             shutil.rmtree(folder, ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(folder))  # the batch's scratch folder, once no task of it runs here
-
-    def emit(self, event: Event) -> None:
-        self.hub.report.remote([event])
 
     def _follow(self) -> None:
         """While a task runs here: take the hub's stop and pauses as they change, and send trajectory copies."""
