@@ -28,7 +28,7 @@ from miniswe import __version__
 from miniswe.batch.ledger import LedgerRecord
 from miniswe.batch.plan import Plan
 from miniswe.batch.ray_hub import NO_SLOT
-from miniswe.batch.worker import Event, WorkerServices, run_plan
+from miniswe.batch.worker import Event, TaskStarted, WorkerServices, run_plan
 from miniswe.config import override
 from miniswe.errors import Cancelled, DeadlineReached
 from miniswe.models.gate import CallGate
@@ -101,7 +101,9 @@ class WorkerSide:
         def emit(event: Event) -> None:
             nonlocal sent
             sent += 1
-            self.hub.report.remote([event], None, plan.id)  # without waiting: a step does not wait for the hub
+            call = self.hub.report.remote([event], None, plan.id)
+            if isinstance(event, TaskStarted):  # ahead of the steps' events, which go without waiting
+                self.ray.get(call)
 
         try:
             services = WorkerServices(stop=self.stop, gate_for=lambda url: self._gate(url, plan.id),
