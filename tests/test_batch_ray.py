@@ -138,6 +138,19 @@ def trajectory(run_dir: Path, record: dict) -> dict:
     return json.loads((run_dir / record["trajectory"]).read_text())
 
 
+def orphaned_scratch() -> list[Path]:
+    """Task scratch folders on this machine whose worker process is gone."""
+    found = []
+    for owner in Path("/tmp").glob("miniswe-tasks-*/*/.owner"):
+        try:
+            os.kill(int(owner.read_text()), 0)
+        except ProcessLookupError:
+            found.append(owner.parent)
+        except (OSError, ValueError):
+            pass
+    return found
+
+
 def nodes_of(run_dir: Path, task_id: str) -> set[str]:
     return set((run_dir / task_id / "workspace" / "nodes").read_text().split())
 
@@ -206,6 +219,7 @@ def test_a_node_killed_mid_batch_loses_only_its_running_tasks_and_a_rerun_finish
     records = ledger(run)
     assert {r["exit_status"] for r in records.values()} == {"Submitted"}
     assert {i for i, r in records.items() if r["attempt"] == 2} == lost
+    assert not orphaned_scratch(), "the dead node's scratch folders were not swept by the next batch"
 
 
 def test_driver_killed_then_resumed_loses_and_repeats_nothing(cluster, work, server):
@@ -233,6 +247,7 @@ def test_driver_killed_then_resumed_loses_and_repeats_nothing(cluster, work, ser
     assert all(r["exit_status"] == "Submitted" and r["steps"] == 4 for r in records.values())
     assert len(server.requests) - served == 4 * (16 - len(finished))
     assert all((run / i / f"{i}.traj.json").read_bytes() == data for i, data in kept.items())
+    assert not orphaned_scratch()
 
 
 def test_a_429_on_one_node_pauses_every_task_on_both(cluster, work):

@@ -40,6 +40,8 @@ WATCH_S = 0.5  # the longest a busy worker process's watch on the hub waits (it 
 SNAPSHOT_S = 5.0  # at most this often, a running task's trajectory is copied to the driver
 SLOT_POLL_S = 0.25  # a caller waiting for a free model-call slot asks again this often
 SETTLE_S = 30.0  # the longest a finished task waits for the hub to have all its events
+SCRATCH_PREFIX = "miniswe-tasks-"  # $TMPDIR/miniswe-tasks-<batch>/<task id>/: a running task's files on its node
+OWNER = ".owner"  # in a task's scratch folder: the worker process's pid
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ class WorkerSide:
         self.capped = job.capped
         self.node = ray.get_runtime_context().get_node_id()
         os.environ.update(job.env)
-        self.scratch = os.path.join(tempfile.gettempdir(), f"miniswe-tasks-{job.token}")
+        _sweep_scratch()
+        self.scratch = os.path.join(tempfile.gettempdir(), f"{SCRATCH_PREFIX}{job.token}")
         self.stop = Stop()
         self.renderers: dict[str, Renderer] = {}
         self.gates: dict[str, GateProxy] = {}
@@ -92,6 +95,7 @@ class WorkerSide:
         threading.Thread(target=self._follow, name="miniswe-hub-watch", daemon=True).start()
 
     def run(self, plan: Plan, attempt: int) -> Result:
+        _claim(os.path.join(self.scratch, plan.id))
         local = localize(plan, os.path.join(self.scratch, plan.id), self.node)
         with self.lock:
             self.current = _Running(plan.id, attempt, local.trajectory)
@@ -231,6 +235,39 @@ def localize(plan: Plan, folder: str, node: str) -> Plan:
     workspace = os.path.join(folder, "workspace")
     config = override(plan.config, environment={"cwd": workspace})
     return dataclasses.replace(plan, task=task, config=config, trajectory=trajectory, workspace=workspace)
+
+
+def _claim(folder: str) -> None:
+    """Make a task's scratch folder, marked as this process's (another process's sweep may remove an empty parent)."""
+    for _ in range(3):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, OWNER), "w") as handle:
+                handle.write(str(os.getpid()))
+            return
+        except FileNotFoundError:
+            continue
+
+
+def _sweep_scratch() -> None:
+    """Remove the scratch folders of tasks whose worker process is gone (killed with its node or its driver)."""
+    base = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            root = os.path.join(base, name)
+            if not name.startswith(SCRATCH_PREFIX) or os.stat(root).st_uid != os.getuid():
+                continue
+            for folder in os.listdir(root):
+                try:
+                    with open(os.path.join(root, folder, OWNER)) as handle:
+                        pid = int(handle.read().strip())
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    shutil.rmtree(os.path.join(root, folder), ignore_errors=True)
+                except (OSError, ValueError):
+                    pass  # alive, or not claimed yet
+            with contextlib.suppress(OSError):
+                os.rmdir(root)  # only when empty
 
 
 def _read(path: str) -> bytes | None:
