@@ -155,6 +155,9 @@ def batch(
     batch_cost_limit: Annotated[float, typer.Option("--batch-cost-limit", help="USD for the whole batch; then no new task starts and running ones stop (0 = unlimited).")] = 0.0,
     batch_token_limit: Annotated[int, typer.Option("--batch-token-limit", help="Tokens for the whole batch, like --batch-cost-limit (0 = unlimited).")] = 0,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="No progress; print one summary line instead of the report.")] = False,
+    executor: Annotated[str, typer.Option("--executor", help="Where tasks run: threads (this process) or ray (a Ray cluster's nodes).")] = "threads",
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster to use (host:port or auto); default: a private one on this machine.")] = None,
+    ray_resources: Annotated[Optional[str], typer.Option("--ray-resources", help="What each task asks of a Ray node, e.g. docker=1 or CPU=0.5 (default CPU=1).")] = None,
     *,
     flags: dict,
 ) -> None:
@@ -171,7 +174,8 @@ def batch(
         options = BatchOptions(
             tasks, output, workers=workers, filter=filter, slice=slice, shuffle=shuffle, seed=seed, shard=shard,
             redo=redo, force=force, max_concurrent_calls=max_concurrent_calls, batch_cost_limit=batch_cost_limit,
-            batch_token_limit=batch_token_limit, quiet=quiet,
+            batch_token_limit=batch_token_limit, quiet=quiet, executor=executor, ray_address=ray_address,
+            ray_resources=ray_resources,
             command=_rerun_command("batch", output, default_run_dir(tasks, shard), fallback=[tasks]),
         )
         _run_batch(cfg, options)

@@ -6,6 +6,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -282,10 +283,50 @@ def test_help_imports_no_heavy_module():
     code = (
         "import sys\nsys.argv = ['miniswe', '--help']\nfrom miniswe.cli import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print('LOADED', sorted(m for m in ('requests', 'jinja2', 'yaml') if m in sys.modules))\n"
+        "print('LOADED', sorted(m for m in ('requests', 'jinja2', 'yaml', 'ray') if m in sys.modules))\n"
     )
     result = subprocess.run([*miniswe_cmd()[:1], "-c", code], capture_output=True, text=True, env=clean_env(), cwd=ROOT)
     assert "LOADED []" in result.stdout, result.stdout[-300:]
+
+
+def _batch_in_process(args: list[str], prelude: str = "") -> str:
+    """`miniswe batch ARGS` in a fresh interpreter; what it printed, then whether it imported ray."""
+    return (
+        f"import sys\n{prelude}sys.argv = ['miniswe', 'batch', *{args!r}]\nfrom miniswe.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    print('EXIT', exit.code)\n"
+        "print('RAY', 'ray' in sys.modules)\n"
+    )
+
+
+def test_the_thread_executor_never_imports_ray(tmp_path, server):
+    server.push(SUBMIT)
+    (tmp_path / "tasks.yaml").write_text("- {id: a, task: x}\n")
+    code = _batch_in_process(["tasks.yaml", "-o", "run", "-q", *endpoint(server)])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), cwd=tmp_path)
+    assert "EXIT 0" in result.stdout and "RAY False" in result.stdout, result.stdout + result.stderr
+
+
+def test_executor_ray_without_ray_says_how_to_install_it(tmp_path, server):
+    (tmp_path / "tasks.yaml").write_text("- {id: a, task: x}\n")
+    code = _batch_in_process(["tasks.yaml", "-o", "run", "--executor", "ray", *endpoint(server)],
+                             prelude="sys.modules['ray'] = None  # as if it were not installed\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), cwd=tmp_path)
+    assert "EXIT 2" in result.stdout, result.stdout + result.stderr
+    assert result.stderr == "miniswe: --executor ray needs Ray, which is not installed here: pip install 'miniswe[ray]'\n"
+    assert not (tmp_path / "run").exists() and not server.requests
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--executor", "dask"], "--executor 'dask': expected threads or ray"),
+    (["--ray-address", "127.0.0.1:6379"], "--ray-address needs --executor ray"),
+    (["--executor", "ray", "--ray-resources", "docker"], "--ray-resources 'docker': expected NAME=AMOUNT"),
+    (["--executor", "ray", "--ray-resources", "CPU=-1"], "--ray-resources 'CPU=-1': expected NAME=AMOUNT"),
+], ids=["unknown-executor", "address-without-ray", "resource-without-amount", "negative-amount"])
+def test_bad_executor_options_run_nothing(cli, tmp_path, server, args, message):
+    (tmp_path / "tasks.yaml").write_text("- {id: a, task: x}\n")
+    result = cli("batch", "tasks.yaml", "-o", "run", *endpoint(server), *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_404_names_the_base_url_fix(cli, server):

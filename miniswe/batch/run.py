@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 import requests
 
-from miniswe.batch.ledger import Ledger, LedgerRecord
+from miniswe.batch.ledger import LEDGER, Ledger, LedgerRecord, read_records
 from miniswe.batch.plan import Plan, plan_tasks
 from miniswe.batch.progress import BatchState, make_progress
 from miniswe.batch.report import build_report, render_markdown
@@ -27,8 +27,8 @@ from miniswe.batch.tasks import TaskFile, load_tasks
 from miniswe.batch.threads import ThreadExecutor
 from miniswe.batch.worker import recovered
 from miniswe.config import Config
-from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.environments import check_environment
+from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.hooks import load_hooks
 from miniswe.output import add_secrets
 from miniswe.redaction import Secrets, masked_config, run_secrets
@@ -54,6 +54,9 @@ class BatchOptions:
     batch_cost_limit: float = 0.0
     batch_token_limit: int = 0
     quiet: bool = False
+    executor: str = "threads"  # or "ray"
+    ray_address: str | None = None  # None: a private local cluster
+    ray_resources: str | None = None  # what each task asks of a node, e.g. docker=1
     command: str = ""  # the command line that reruns this batch, for the report
 
 
@@ -78,6 +81,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
     """Run a batch to the end (or until stopped); bad input raises UsageError before anything runs."""
     if options.workers < 1:
         raise UsageError(f"--workers {options.workers}: must be 1 or more")
+    resources = check_executor(options)
     task_file = load_tasks(options.tasks)
     selected = select_tasks(task_file.tasks, filter=options.filter, slice=options.slice, shuffle=options.shuffle,
                             seed=options.seed, shard=options.shard)
@@ -98,7 +102,18 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
 
         warn_orphans(docker)
 
-    run_dir.lock()
+    cluster = None
+    if options.executor == "ray" and _work_left(run_dir, plans, options.redo):
+        # before the run directory is made or changed: a cluster out of reach leaves no trace
+        from miniswe.batch.ray_cluster import RayCluster
+
+        cluster = RayCluster(options.ray_address, resources, options.workers)
+    try:
+        run_dir.lock()
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
     try:
         previous = run_dir.read_run()
         identity = model_identity(config)
@@ -112,22 +127,59 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         todo = [p for p in plans if p.id in redo or not _kept(ledger.records.get(p.id))]
         todo_ids = {p.id for p in todo}
         kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]
+        if options.executor == "ray" and cluster is None and todo:  # the ledger changed since the look above
+            from miniswe.batch.ray_cluster import RayCluster
+
+            cluster = RayCluster(options.ray_address, resources, options.workers)
         run = run_dir.start_run(previous, _run_info(task_file, options, config, identity, len(selected)))
         ledger.compact()
         run_dir.write_preds(ledger.snapshot())
-        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo)
+        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster)
     finally:
+        if cluster is not None:
+            cluster.close()
         run_dir.unlock()
 
 
-def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo) -> BatchResult:
-    """Run the scheduler over the thread executor, then write preds.json, report.md and run.json's end."""
+def _work_left(run_dir: RunDir, plans: list[Plan], redo: str | None) -> bool:
+    """Whether a batch into `run_dir` would run anything: a read-only look at its ledger, before taking it."""
+    if redo:
+        return True
+    records = read_records(os.path.join(run_dir.path, LEDGER), warn=lambda message: None)
+    return any(not _kept(records.get(plan.id)) for plan in plans)
+
+
+def check_executor(options: BatchOptions) -> dict[str, float]:
+    """The executor's options; for Ray, what each task asks of a node."""
+    if options.executor not in ("threads", "ray"):
+        raise UsageError(f"--executor {options.executor!r}: expected threads or ray")
+    if options.executor != "ray":
+        given = [flag for flag, value in (("--ray-address", options.ray_address), ("--ray-resources", options.ray_resources)) if value]
+        if given:
+            raise UsageError(f"{given[0]} needs --executor ray")
+        return {}
+    from miniswe.batch.ray_cluster import parse_resources, require_ray
+
+    require_ray()
+    return parse_resources(options.ray_resources)
+
+
+def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster) -> BatchResult:
+    """Run the scheduler over the executor, then write preds.json, report.md and run.json's end."""
     state = BatchState(len(plans), kept)
     progress = make_progress(options.quiet, stream)
+    workers = min(options.workers, max(len(todo), 1))
+    if cluster is not None:
+        from miniswe.batch.ray_executor import RayExecutor
+
+        executor = RayExecutor(cluster, workers, todo)
+        where = f" on {cluster.label} ({len(cluster.nodes)} node(s))"
+    else:
+        executor, where = ThreadExecutor(workers), ""
     if not options.quiet:
         progress.notice(
             f"miniswe batch: {len(plans)} tasks, {len(kept)} already done, {len(todo)} to run with "
-            f"{min(options.workers, max(len(todo), 1))} worker(s) → {run_dir.path}"
+            f"{workers} worker(s){where} → {run_dir.path}"
         )
     budget = Budget(options.batch_cost_limit, options.batch_token_limit)
     shared = Shared(Stop(), Gates(options.max_concurrent_calls), renderers)
@@ -135,7 +187,7 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
                           after_record=lambda record: run_dir.write_preds(ledger.snapshot), redo=redo)
     progress.begin(state)
     try:
-        scheduler.run(todo, ThreadExecutor(min(options.workers, max(len(todo), 1))))
+        scheduler.run(todo, executor)
     finally:
         progress.end()
     ledger.compact()
@@ -238,6 +290,7 @@ def _run_info(task_file: TaskFile, options: BatchOptions, config: Config, identi
             "workers": options.workers, "filter": options.filter, "slice": options.slice, "shuffle": options.shuffle,
             "seed": options.seed, "shard": options.shard, "redo": options.redo, "force": options.force,
             "max_concurrent_calls": options.max_concurrent_calls, "batch_cost_limit": options.batch_cost_limit,
-            "batch_token_limit": options.batch_token_limit,
+            "batch_token_limit": options.batch_token_limit, "executor": options.executor,
+            "ray_address": options.ray_address, "ray_resources": options.ray_resources,
         },
     }

@@ -17,15 +17,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from miniswe.batch.ledger import BUDGET_PREFIX, Ledger, LedgerRecord
-from miniswe.errors import TrajectoryError
-from miniswe.batch.plan import Plan, trajectory_name
+from miniswe.batch.plan import Plan
 from miniswe.batch.progress import BatchState
-from miniswe.batch.worker import Event, StepFinished, TaskFinished, TaskStarted
+from miniswe.batch.worker import (
+    Event,
+    StepFinished,
+    TaskFinished,
+    TaskStarted,
+    unfinished_record,
+)
+from miniswe.errors import TrajectoryError
 from miniswe.models.gate import CallGate
 from miniswe.signals import SignalHandlers, Stop
 from miniswe.status import ExitStatus, Outcome, interrupted, is_agent_outcome
 from miniswe.templates import Renderer
-from miniswe.trajectory import close_unfinished, load
+from miniswe.trajectory import load
 
 # After a stop at once, how long running tasks get to record themselves before the scheduler records them.
 ABORT_GRACE_S = 3.0
@@ -218,14 +224,6 @@ class Scheduler:
         trajectories and record them."""
         name = self.signal_name or "SIGINT"
         for plan, attempt in list(in_flight.values()):
-            outcome = interrupted(f"{name} twice: stopped at once while the task was busy")
-            trajectory = close_unfinished(plan.trajectory, outcome)
-            if trajectory is not None:
-                record = LedgerRecord.from_trajectory(
-                    trajectory, task_id=plan.id, relative_path=trajectory_name(plan.id), has_eval=bool(plan.task.evaluate),
-                    model=plan.config.model.name or plan.config.model.kind, attempt=attempt, started=trajectory.started,
-                    wall_s=trajectory.wall_s or 0.0)
-            else:
-                record = LedgerRecord(plan.id, str(outcome.status), outcome.detail, attempt=attempt)
+            record = unfinished_record(plan, attempt, interrupted(f"{name} twice: stopped at once while the task was busy"))
             self._record(record)
         in_flight.clear()

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from miniswe.batch.files import now
 from miniswe.batch.ledger import DETAIL_CHARS, LedgerRecord
 from miniswe.batch.plan import Plan, trajectory_name
+from miniswe.errors import TrajectoryError
 from miniswe.models.gate import CallGate
 from miniswe.redaction import masked_config
 from miniswe.resume import changes, keeps_state
 from miniswe.runner import continue_run, new_run_id, run_task
 from miniswe.signals import Stop
-from miniswe.status import outcome_of
+from miniswe.status import Outcome, outcome_of
 from miniswe.templates import Renderer
-from miniswe.errors import TrajectoryError
 from miniswe.trajectory import Trajectory, close_unfinished, load
 
 
@@ -73,6 +73,14 @@ def recovered(plan: Plan) -> LedgerRecord | None:
     record = record_of(plan, trajectory, int(trajectory.metadata.get("attempt") or 1), trajectory.started,
                        trajectory.wall_s or 0.0)
     return record if trajectory.outcome and record.kept_on_resume else None
+
+
+def unfinished_record(plan: Plan, attempt: int, outcome: Outcome) -> LedgerRecord:
+    """The record of a task whose worker is stuck or gone: its trajectory closed with `outcome`, if there is one."""
+    trajectory = close_unfinished(plan.trajectory, outcome)
+    if trajectory is None:
+        return LedgerRecord(plan.id, str(outcome.status), outcome.detail, attempt=attempt, ended=now())
+    return record_of(plan, trajectory, attempt, trajectory.started, trajectory.wall_s or 0.0)
 
 
 def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:

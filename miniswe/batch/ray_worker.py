@@ -1,0 +1,284 @@
+"""A task of a batch as a Ray worker process runs it: `run_remote` is the remote function the Ray executor
+submits, once per task.
+
+Each worker process keeps one WorkerSide per batch: a local Stop and local call gates that a thread keeps in
+step with the hub's (a long poll: a stop or a 429's pause reaches every process within milliseconds, and an
+urgent stop reaches this process's cancellers: the running command, the model call in flight), and
+renderers built here from the templates dir (a Renderer does not travel). Events go to the hub without
+waiting; a task's result is returned once the hub has all its events. The trajectory is
+written on this node, under a scratch folder, and copied to the hub while the task runs (soon after it
+starts, then at most every SNAPSHOT_S) and returned whole with the record at the end; the driver writes
+it into the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from miniswe import __version__
+from miniswe.batch.ledger import LedgerRecord
+from miniswe.batch.plan import Plan
+from miniswe.batch.ray_hub import NO_SLOT
+from miniswe.batch.worker import Event, TaskStarted, WorkerServices, run_plan
+from miniswe.config import override
+from miniswe.errors import Cancelled, DeadlineReached
+from miniswe.models.gate import CallGate
+from miniswe.signals import Stop
+from miniswe.status import ExitStatus, Outcome
+from miniswe.templates import Renderer
+
+WATCH_S = 0.5  # the longest a busy worker process's watch on the hub waits (it answers at once on a change)
+SNAPSHOT_S = 5.0  # at most this often, a running task's trajectory is copied to the driver
+SLOT_POLL_S = 0.25  # a caller waiting for a free model-call slot asks again this often
+SETTLE_S = 30.0  # the longest a finished task waits for the hub to have all its events
+SCRATCH_PREFIX = "miniswe-tasks-"  # $TMPDIR/miniswe-tasks-<batch>/<task id>/: a running task's files on its node
+OWNER = ".owner"  # in a task's scratch folder: the worker process's pid
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every task of one batch gets besides its plan: set once, shared by reference."""
+
+    version: str  # the driver's miniswe version: every node must run the same
+    env: dict[str, str]  # variables the driver hands to the workers (keys named by the config; HOME for a private cluster)
+    token: str  # names this batch's scratch folders
+    capped: bool = False  # --max-concurrent-calls: a model call holds one of the hub's slots
+
+
+@dataclass(frozen=True)
+class Result:
+    record: LedgerRecord
+    trajectory: bytes | None  # the finished trajectory file, for the driver to write into the run directory
+
+
+_sides: dict[str, WorkerSide] = {}
+_sides_lock = threading.Lock()
+
+
+def run_remote(plan: Plan, attempt: int, hub: Any, job: Job, recorded: bytes | None = None) -> Result:
+    """Run one plan on this node; the Ray executor's remote function."""
+    if job.version != __version__:
+        raise RuntimeError(f"this node runs miniswe {__version__}, the driver {job.version}: install the same version on every node")
+    with _sides_lock:
+        side = _sides.get(job.token)
+        if side is None:
+            side = _sides[job.token] = WorkerSide(hub, job)
+    return side.run(plan, attempt, recorded)
+
+
+class WorkerSide:
+    def __init__(self, hub: Any, job: Job):
+        import ray
+
+        self.ray = ray
+        self.hub = hub
+        self.capped = job.capped
+        self.node = ray.get_runtime_context().get_node_id()
+        os.environ.update(job.env)
+        _sweep_scratch()
+        self.scratch = os.path.join(tempfile.gettempdir(), f"{SCRATCH_PREFIX}{job.token}")
+        self.stop = Stop()
+        self.renderers: dict[str, Renderer] = {}
+        self.gates: dict[str, GateProxy] = {}
+        self.lock = threading.Lock()
+        self.current: _Running | None = None
+        self.busy = threading.Event()
+        threading.Thread(target=self._follow, name="miniswe-hub-watch", daemon=True).start()
+
+    def run(self, plan: Plan, attempt: int, recorded: bytes | None = None) -> Result:
+        _claim(os.path.join(self.scratch, plan.id))
+        local = localize(plan, os.path.join(self.scratch, plan.id), self.node)
+        if local.resume and recorded is not None:
+            with open(local.trajectory, "wb") as handle:
+                handle.write(recorded)
+        elif local.resume:
+            local = dataclasses.replace(local, resume=False)
+        with self.lock:
+            self.current = _Running(plan.id, attempt, local.trajectory)
+        self.busy.set()
+        sent = 0
+
+        def emit(event: Event) -> None:
+            nonlocal sent
+            sent += 1
+            call = self.hub.report.remote([event], None, plan.id)
+            if isinstance(event, TaskStarted):  # ahead of the steps' events, which go without waiting
+                self.ray.get(call)
+
+        try:
+            services = WorkerServices(stop=self.stop, gate_for=lambda url: self._gate(url, plan.id),
+                                      renderer_for=self._renderer, emit=emit)
+            record = run_plan(local, attempt, services)
+            with self.lock:
+                self.current = None  # no copy of it is sent after this
+            # the result must not overtake the task's events: the driver counts its budgets from them
+            self.ray.get(self.hub.settle.remote(plan.id, sent, SETTLE_S))
+            return Result(record, _read(local.trajectory))
+        finally:
+            self.busy.clear()
+            with self.lock:
+                self.current = None
+            folder = os.path.dirname(local.trajectory)
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(folder))  # the batch's scratch folder, once no task of it runs here
+
+    def _follow(self) -> None:
+        """While a task runs here: take the hub's stop and pauses as they change, and send trajectory copies."""
+        seen = -1
+        while True:
+            self.busy.wait()
+            try:
+                seen, outcome, urgent, pauses = self.ray.get(self.hub.watch.remote(seen, WATCH_S))
+            except self.ray.exceptions.RayActorError:  # the hub is gone with its driver: nobody takes results now
+                self.stop.request(Outcome(ExitStatus.INTERRUPTED, "the batch's driver is gone"), urgent=True)
+                time.sleep(1.0)
+                continue
+            if outcome is not None:
+                self.stop.request(outcome, urgent=urgent)
+            for url, seconds in pauses.items():
+                self._gate(url, "").local.pause(seconds)
+            with self.lock:
+                copies = self.current.copy_due() if self.current else {}
+            if copies:
+                self.hub.report.remote([], copies)
+
+    def _gate(self, url: str, task_id: str) -> GateProxy:
+        gate = self.gates.get(url)
+        if gate is None:
+            gate = self.gates.setdefault(url, GateProxy(self.ray, self.hub, url, self.capped))
+        if task_id:
+            gate.holder = task_id
+        return gate
+
+    def _renderer(self, templates_dir: str) -> Renderer:
+        renderer = self.renderers.get(templates_dir)
+        if renderer is None:
+            renderer = self.renderers[templates_dir] = Renderer(templates_dir)
+        return renderer
+
+
+@dataclass
+class _Running:
+    task_id: str
+    attempt: int
+    trajectory: str
+    sent_at: float = 0.0
+    sent_mtime: int = 0
+
+    def copy_due(self) -> dict[str, tuple[int, bytes]]:
+        """The trajectory's current bytes when it changed and the last copy is old enough (the first at once)."""
+        if self.sent_at and time.monotonic() - self.sent_at < SNAPSHOT_S:
+            return {}
+        try:
+            mtime = os.stat(self.trajectory).st_mtime_ns
+        except OSError:
+            return {}
+        if mtime == self.sent_mtime:
+            return {}
+        data = _read(self.trajectory)
+        if data is None:
+            return {}
+        self.sent_at, self.sent_mtime = time.monotonic(), mtime
+        return {self.task_id: (self.attempt, data)}
+
+
+class GateProxy:
+    """The endpoint's gate with CallGate's interface, across the cluster: a pause is kept in a local CallGate,
+    told to the hub at once and learnt from it (WorkerSide._follow); a cap on calls in flight is the hub's."""
+
+    def __init__(self, ray: Any, hub: Any, url: str, capped: bool):
+        self.ray, self.hub, self.url, self.capped = ray, hub, url, capped
+        self.local = CallGate()
+        self.holder = ""
+
+    def pause(self, seconds: float) -> None:
+        self.local.pause(seconds)
+        self.hub.pause.remote(self.url, seconds)
+
+    @contextlib.contextmanager
+    def slot(self, stop: Stop, deadline: float | None = None) -> Iterator[None]:
+        with self.local.slot(stop, deadline):
+            if not self.capped:
+                yield
+                return
+            holder = self.holder
+            while (wait := self.ray.get(self.hub.enter.remote(self.url, holder))) != 0:
+                if wait == NO_SLOT:
+                    if stop.wait(SLOT_POLL_S):
+                        raise Cancelled("model call cancelled while waiting for a free slot")
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise DeadlineReached("time_limit reached while waiting for a free model-call slot")
+                    continue
+                if deadline is not None and time.monotonic() + wait >= deadline:
+                    raise DeadlineReached(f"time_limit reached: the endpoint asked every caller to wait {wait:.0f}s more")
+                if stop.wait(wait):
+                    raise Cancelled("model call cancelled while the endpoint asked to wait")
+            try:
+                yield
+            finally:
+                self.hub.leave.remote(self.url, holder)
+
+
+def localize(plan: Plan, folder: str, node: str) -> Plan:
+    """The plan with its trajectory in a scratch folder of this node (the driver writes the run directory's copy),
+    and its default workspace there too unless the run directory is reachable from here (the driver's
+    machine, a shared file system), where it stays as with threads."""
+    trajectory = os.path.join(folder, os.path.basename(plan.trajectory))
+    task = dataclasses.replace(plan.task, metadata={**plan.task.metadata, "ray_node": node})
+    if not plan.workspace or os.path.isdir(os.path.dirname(os.path.dirname(plan.workspace))):
+        return dataclasses.replace(plan, task=task, trajectory=trajectory)
+    workspace = os.path.join(folder, "workspace")
+    config = override(plan.config, environment={"cwd": workspace})
+    # the recorded run's working directory is not reachable from this node: its state is gone, so start over
+    return dataclasses.replace(plan, task=task, config=config, trajectory=trajectory, workspace=workspace, resume=False)
+
+
+def _claim(folder: str) -> None:
+    """Make a task's scratch folder, marked as this process's (another process's sweep may remove an empty parent)."""
+    for _ in range(3):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, OWNER), "w") as handle:
+                handle.write(str(os.getpid()))
+            return
+        except FileNotFoundError:
+            continue
+
+
+def _sweep_scratch() -> None:
+    """Remove the scratch folders of tasks whose worker process is gone (killed with its node or its driver)."""
+    base = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(base):
+            root = os.path.join(base, name)
+            if not name.startswith(SCRATCH_PREFIX) or os.stat(root).st_uid != os.getuid():
+                continue
+            for folder in os.listdir(root):
+                try:
+                    with open(os.path.join(root, folder, OWNER)) as handle:
+                        pid = int(handle.read().strip())
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    shutil.rmtree(os.path.join(root, folder), ignore_errors=True)
+                except (OSError, ValueError):
+                    pass  # alive, or not claimed yet
+            with contextlib.suppress(OSError):
+                os.rmdir(root)  # only when empty
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
