@@ -94,7 +94,11 @@ def run_task(
     try:
         env = build_environment(config.environment, run_id=run_id, stop=stop,
                                 hidden_env=[getattr(config.model, "api_key_env", "")])
-        trajectory.describe(environment=env.describe())
+        described = env.describe()
+        trajectory.describe(environment=described)
+        for notice in described.get("notices", ()):  # e.g. a docker image that falls back to exec-per-step
+            trajectory.warn(notice)
+            notify(f"notice: {notice}")
         outcome = _run_commands(env, setup, config, trajectory, stop, "setup")
         if outcome is None:
             model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import select
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -21,11 +22,11 @@ DRAIN_MAX_S = 0.5
 
 
 class BoundedBuffer:
-    """Keeps the first and last `limit // 2` bytes of a stream and the total size."""
+    """Keeps the first and last `limit // 2` bytes of a stream and the total size; all of it when `limit` is 0."""
 
     def __init__(self, limit: int):
-        self.head_limit = limit // 2
-        self.tail_limit = limit - self.head_limit
+        self.head_limit = limit // 2 if limit > 0 else sys.maxsize
+        self.tail_limit = limit - limit // 2 if limit > 0 else 0
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
@@ -41,6 +42,13 @@ class BoundedBuffer:
             # trim lazily so a flood costs one memmove per tail_limit bytes, not per chunk
             if len(self.tail) > 2 * self.tail_limit:
                 del self.tail[: len(self.tail) - self.tail_limit]
+
+    def skip(self, count: int) -> None:
+        """`count` bytes were dropped upstream (the container's executor keeps a tail too). It drops only
+        once its own tail holds a full tail's worth of newer bytes, all sent after this, so what came
+        before cannot be in the final tail."""
+        self.total += count
+        self.tail.clear()
 
     def text(self) -> tuple[str, int, int]:
         """(kept text, full size, elided size). Undecodable bytes become U+FFFD."""
