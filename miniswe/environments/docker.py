@@ -291,12 +291,12 @@ class DockerEnvironment:
         if runner is not None:
             runner.interrupt()
 
-    def _gone_reason(self) -> str | None:
-        """Why the container can no longer run commands, or None while it is running."""
+    def _gone_reason(self, settle: bool = True) -> str | None:
+        """Why the container can no longer run commands, or None while it is running. `settle`: the engine
+        notices a dead main process a moment after its stream ends, so look a few times before saying "running"."""
         if self._gone:
             return self._gone
-        # The engine notices a dead main process a moment after its stream ends: look a few times.
-        for attempt in range(4):
+        for attempt in range(4 if settle else 1):
             time.sleep(0.1 * attempt)
             try:
                 state = engine_call(self.exe, "inspect", "--format",

@@ -72,7 +72,7 @@ class ExecPerStep:
     run commands (None while it runs)."""
 
     def __init__(self, exe: str, container: str, *, cwd: str, env: dict[str, str], capture_limit: int,
-                 sweep: bool, gone: Callable[[], str | None]):
+                 sweep: bool, gone: Callable[[bool], str | None]):
         self.exe = exe
         self.tool = os.path.basename(exe)
         self.container = container
@@ -125,7 +125,7 @@ class ExecPerStep:
             return dataclasses.replace(result, returncode=None, timed_out=True)
         if "miniswe:exit" not in markers:
             # The wrapper never ran or was killed: the exec failed, or the container went away under it.
-            gone = self.gone()
+            gone = self.gone(True)
             if gone and "miniswe:pgid" in markers:  # it died under the command: keep what the step printed
                 return dataclasses.replace(result, returncode=None, sandbox_error=gone)
             if gone:

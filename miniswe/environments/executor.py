@@ -19,6 +19,11 @@ import struct
 import sys
 import time
 
+try:  # imported once: a command may delete the standard library under the running executor
+    import fcntl
+except ImportError:
+    fcntl = None
+
 # Frame: kind (1 byte), payload length (4 bytes, big-endian), payload.
 HEADER = struct.Struct(">cI")
 # host -> executor
@@ -379,7 +384,13 @@ class Executor:
         if kind == CONFIG:
             self.configure(json.loads(payload.decode()))
         elif kind == RUN and self.step is None:
-            self.start(payload)
+            try:
+                self.start(payload)
+            except Exception as error:  # never let one command take PID 1, and the container, down
+                if self.step is None:
+                    self.send_json(ERROR, {"what": "executor", "message": repr(error)})
+                else:
+                    raise
         elif kind == KILL and self.step is not None:
             self.kill_step()
 
@@ -508,12 +519,11 @@ def _command_fd(command):
 
 
 def _bigger_pipe(fd, size=1 << 20):
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, 1031, size)  # F_SETPIPE_SZ: fewer, larger reads during a flood
-    except (ImportError, OSError):
-        pass
+    if fcntl is not None:
+        try:
+            fcntl.fcntl(fd, 1031, size)  # F_SETPIPE_SZ: fewer, larger reads during a flood
+        except OSError:
+            pass
 
 
 def _which(name, path):

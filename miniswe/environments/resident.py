@@ -57,10 +57,11 @@ def executor_source() -> bytes:
 
 
 class Resident:
-    """Talks to the executor through `proc`, the attached client. `gone()` says why the container can no
-    longer run commands (None while it runs); it is asked when the stream ends or falls silent."""
+    """Talks to the executor through `proc`, the attached client. `gone(settle)` says why the container can
+    no longer run commands (None while it runs); it is asked when the stream ends (`settle`: give the engine
+    a moment to notice) or falls silent."""
 
-    def __init__(self, proc: subprocess.Popen, *, name: str, gone: Callable[[], str | None], capture_limit: int):
+    def __init__(self, proc: subprocess.Popen, *, name: str, gone: Callable[[bool], str | None], capture_limit: int):
         self.proc = proc
         self.name = name
         self.gone = gone
@@ -156,7 +157,7 @@ class Resident:
                 return self._result(buffer, started, None, interrupted=self._interrupted, timed_out=not self._interrupted,
                                     sandbox_error=None if self._interrupted else self.broken)
             if now - heard >= SILENCE_S:
-                why = self.gone()
+                why = self.gone(False)
                 if why:
                     return self._lost(buffer, started, ran, why)
                 heard = now  # running, only slow: look again after another silence
@@ -193,7 +194,12 @@ class Resident:
         return self._result(buffer, started, None, sandbox_error=why)
 
     def _why_ended(self) -> str:
-        why = self.gone()
+        why = self.gone(True)
+        self._read_stderr(final=True)
+        stderr = self.stderr.decode("utf-8", "replace")
+        last = (stderr.strip().splitlines() or [""])[-1].strip()
+        if "Traceback" in stderr:  # not the container's fault: say what failed in miniswe's own program
+            return f"miniswe's executor in container {self.name} failed ({last}); the run cannot continue; please report it"
         if why:
             return why
         # the container runs, but this client is gone: its stream cannot be attached again
@@ -201,11 +207,9 @@ class Resident:
             code = self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             code = None
-        self._read_stderr(final=True)
-        detail = (self.stderr.decode("utf-8", "replace").strip().splitlines() or [""])[-1]
-        how = f"it was killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit {code}"
         return (
-            f"lost the connection to container {self.name}: its attached client ended ({how}{'; ' + detail if detail else ''}); "
+            f"lost the connection to container {self.name}: its attached client ended ({how}{'; ' + last if last else ''}); "
             "the run cannot continue"
         )
 
