@@ -141,6 +141,23 @@ def test_the_executor_ignores_signals_from_the_host_by_pid(fresh):
     assert env.execute("echo alive", timeout=10).output == "alive\n"
 
 
+@pytest.mark.parametrize("target", ["executor", "client"])
+def test_a_process_stopped_from_the_host_is_noticed_even_without_a_timeout(fresh, target):
+    env = fresh()
+    if target == "executor":
+        pid = int(docker("inspect", "--format", "{{.State.Pid}}", env.name).stdout)
+    else:
+        pid = env._runner.proc.pid  # our own child
+    threading.Timer(1.0, os.kill, args=(pid, signal.SIGSTOP)).start()
+    try:
+        started = time.monotonic()
+        result = env.execute("echo before; sleep 30", timeout=NO_TIMEOUT)
+        assert time.monotonic() - started < 10
+        assert "stopped from outside" in result.sandbox_error and result.output == "before\n"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_a_fork_bomb_stays_inside_the_pids_limit(fresh):
     env = fresh(pids_limit=150)
     limit = env.execute("cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max", timeout=10)
@@ -414,6 +431,14 @@ def test_an_image_without_python3_falls_back_with_a_notice(fresh, exe, monkeypat
     listing = subprocess.run([exe, "exec", env.name, "ps", "-eo", "args="], capture_output=True, text=True).stdout
     assert "sleep 100" not in listing
     assert env.execute("echo ok", timeout=10).output == "ok\n"
+    assert env.execute("pgrep -f my-server; echo rc=$?", timeout=10).output == "rc=1\n"  # the text is in no argv here either
+
+
+def test_in_the_fallback_kill_9_minus_1_ends_the_container_and_says_how(fresh, no_python_image):
+    env = fresh(image=no_python_image)
+    result = env.execute("echo before; kill -9 -1; sleep 5", timeout=20)
+    assert result.output.startswith("before\n") and "is gone" in result.sandbox_error
+    assert "kill -9 -1" in result.sandbox_error
 
 
 def test_in_the_fallback_the_watchdog_killed_by_pid_does_not_cut_the_step(fresh, no_python_image):

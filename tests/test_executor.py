@@ -157,7 +157,7 @@ def test_a_missing_cwd_is_named(executor, tmp_path):
     gone.mkdir()
     run = executor(cwd=str(gone))
     gone.rmdir()
-    with pytest.raises(SandboxError, match="cannot start bash in the working directory: No such file"):
+    with pytest.raises(SandboxError, match=f"cannot start bash in the working directory {gone}: No such file"):
         run.execute("true", timeout=10)
 
 

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from miniswe.environments import CommandResult, EnvironmentConfig
@@ -300,7 +301,8 @@ class DockerEnvironment:
             time.sleep(0.1 * attempt)
             try:
                 state = engine_call(self.exe, "inspect", "--format",
-                                    "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}}", self.name, timeout=15)
+                                    "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.Pid}}",
+                                    self.name, timeout=15)
             except SandboxError as error:  # the engine did not answer at all
                 self._gone = self._engine_lost(str(error))
                 return self._gone
@@ -308,7 +310,10 @@ class DockerEnvironment:
             if state.returncode or not status or status[0] != "running":
                 break
         else:
-            return None
+            stopped = self._executor_stopped(status[3] if len(status) > 3 else "")
+            if stopped:
+                self._gone = stopped
+            return stopped
         name = self.name
         if state.returncode and ("no such" in state.stderr.lower() or "no container with" in state.stderr.lower()):
             lived = time.monotonic() - self._started
@@ -330,6 +335,22 @@ class DockerEnvironment:
             self._gone = (f"container {name} is gone ({status[0]}, exit code {code}: stopped or killed from outside{also}); "
                           "the run cannot continue")
         return self._gone
+
+    def _executor_stopped(self, pid: str) -> str | None:
+        """The engine says "running", but the executor may be stopped (SIGSTOP from this host): its heartbeats
+        would never come back. Only looked at when that pid on this host is the executor (a remote engine's is not)."""
+        if self.mode != "executor" or not pid.isdigit():
+            return None
+        try:
+            if b"miniswe's executor" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return None
+            state = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return None
+        if state not in (b"T", b"t"):
+            return None
+        return (f"miniswe's executor in container {self.name} (pid {pid} on this host) was stopped from outside "
+                "(SIGSTOP); the run cannot continue")
 
     def _engine_lost(self, detail: str) -> str:
         return (

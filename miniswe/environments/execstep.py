@@ -17,6 +17,7 @@ from collections.abc import Callable
 from miniswe.environments import CommandResult
 from miniswe.environments.capture import run_captured
 from miniswe.environments.containers import first_line
+from miniswe.environments.executor import PROLOGUE
 from miniswe.errors import SandboxError
 
 # Past the command's own timeout, how long the host waits for the in-container watchdog before giving up on it.
@@ -24,7 +25,7 @@ HOST_GRACE_S = 5.0
 STDERR_LIMIT = 1 << 16
 
 # Runs inside the container as `bash -c WRAPPER miniswe TIMEOUT SWEEP`, with `NAME=value\0...\0\0COMMAND` on
-# stdin. Job control gives the command its own process group, so the watchdog (on timeout) and the wrapper
+# stdin; the command's shell reads its text from a pipe, so no argv holds it. Job control gives the command its own process group, so the watchdog (on timeout) and the wrapper
 # (after a normal exit) can kill everything it started. With SWEEP=1 (the container has its own PID
 # namespace), whatever escaped the group (setsid, double forks) is killed too: nothing but init, the keeper
 # and its sleep may outlive a step. The sweep reads /proc with builtins only, forking nothing.
@@ -33,7 +34,7 @@ WRAPPER = r"""set -m
 while IFS= read -r -d '' kv && [ -n "$kv" ]; do export "$kv"; done
 IFS= read -r -d '' command
 exec </dev/null
-bash -c "$command" 2>&1 &
+bash -c 'PROLOGUE' 3< <(printf %s "$command") 2>&1 &
 cmd=$!
 echo "miniswe:pgid $cmd" >&2
 (sleep "$1" && { echo miniswe:timeout >&2; kill -KILL -- -"$cmd"; }) &
@@ -57,7 +58,7 @@ if [[ $2 == 1 ]]; then
 fi
 echo "miniswe:exit $rc" >&2
 exit $rc
-"""
+""".replace("PROLOGUE", PROLOGUE.replace("'", "'\\''"))  # the command's text reaches its shell on fd 3, as in the executor
 
 # The container's main process in this mode: it lives out the lifetime ceiling, and a command's `pkill sleep`
 # or `pkill bash` (ignored signals) does not end the container under the run; `kill -9 -1` does.

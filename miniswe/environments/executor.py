@@ -324,7 +324,7 @@ class Executor:
             code = getattr(error, "errno", None) or 0
             message = os.strerror(code) if code else repr(error)
             try:
-                os.write(err_w, json.dumps({"what": what, "message": message}).encode())
+                os.write(err_w, json.dumps({"what": what, "message": message, "path": self.cwd}).encode())
             finally:
                 os._exit(127)
 
@@ -353,6 +353,7 @@ class Executor:
                 rc = 128 + os.WTERMSIG(step.status)  # as a shell reports it
         self.send_json(EXIT, {"rc": rc, "timed_out": step.timed_out, "killed": step.killed})
         self.step = None
+        self.statuses.clear()  # orphans reaped along the way: nobody asks for theirs
 
     def read_output(self, limit=16):
         """Read what the command's pipe holds (up to `limit` chunks); False at EOF (the pipe is closed)."""
@@ -430,6 +431,8 @@ class Executor:
             if self.wake_r in readable:
                 _drain(self.wake_r)
                 self.reap()
+                if self.step is None:
+                    self.statuses.clear()
             if step is not None and step.out is not None and step.out in readable:
                 self.read_output()
                 if step.out is not None and not select.select([step.out], [], [], 0)[0]:

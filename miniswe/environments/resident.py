@@ -157,7 +157,7 @@ class Resident:
                 return self._result(buffer, started, None, interrupted=self._interrupted, timed_out=not self._interrupted,
                                     sandbox_error=None if self._interrupted else self.broken)
             if now - heard >= SILENCE_S:
-                why = self.gone(False)
+                why = self._client_stopped() or self.gone(False)
                 if why:
                     return self._lost(buffer, started, ran, why)
                 heard = now  # running, only slow: look again after another silence
@@ -193,6 +193,19 @@ class Resident:
             raise SandboxError(why)
         return self._result(buffer, started, None, sandbox_error=why)
 
+    def _client_stopped(self) -> str | None:
+        """Our own client stopped (SIGSTOP by someone on this host) forwards nothing: say so instead of waiting."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as stat:
+                state = stat.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return None
+        if state not in (b"T", b"t"):
+            return None
+        self.broken = (f"the attached client of container {self.name} (pid {self.proc.pid}) was stopped from outside "
+                       "(SIGSTOP); the run cannot continue")
+        return self.broken
+
     def _why_ended(self) -> str:
         why = self.gone(True)
         self._read_stderr(final=True)
@@ -216,7 +229,8 @@ class Resident:
     def _start_problem(self, problem: dict) -> str:
         what, message = problem.get("what"), problem.get("message", "")
         if what == "cwd":
-            return f"cannot start bash in the working directory: {message} (a command removed or replaced it); the run cannot continue"
+            return (f"cannot start bash in the working directory {problem.get('path', '')}: {message} "
+                    "(a command removed or replaced it); the run cannot continue")
         if what == "exec":
             return f"cannot start bash in container {self.name}: {message} (a command removed it?); the run cannot continue"
         return f"cannot start a command in container {self.name}: {what}: {message}"
