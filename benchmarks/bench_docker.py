@@ -1,14 +1,14 @@
 """Docker environment overhead on this machine, side by side with a bare `docker exec C true` loop.
 
     python benchmarks/bench_docker.py [--steps 100] [--image miniswe-test:latest] [--executable docker]
-                                      [--fallback-image miniswe-test-nopython:latest]
+                                      [--fallback-image IMAGE]
                                       [--batch-tasks 8] [--batch-steps 3] [--batch-workers 4]
 
 Reports: container start (DockerEnvironment() until ready) and removal (close()); per-step wall time of
 execute("true") through the resident executor, interleaved in the same run with a bare `docker exec C true`,
 `docker exec C bash -c true`, the local environment's execute("true") and a bare local `bash -c true`;
 the executor's overhead over the local environment (target: within 10 ms); the same for the exec-per-step
-fallback when its image is present; and how many containers a `miniswe batch --image IMAGE -w 4` keeps
+fallback (on --fallback-image, by default --image with python3 removed, committed once); and how many containers a `miniswe batch --image IMAGE -w 4` keeps
 alive at once (polling `docker ps -a` while it runs: at most one per worker), how many are left when it
 ends (0), and its wall time.
 """
@@ -114,6 +114,20 @@ def batch_containers(args: argparse.Namespace) -> tuple[list[tuple[str, str]], l
     return rows, problems
 
 
+def without_python(args: argparse.Namespace) -> str:
+    """--image with python3 removed (committed once, tagged with the base's id): the fallback's image."""
+    exe = args.executable
+    base = subprocess.run([exe, "image", "inspect", "--format", "{{.Id}}", args.image], capture_output=True, text=True)
+    name = f"miniswe-bench-nopython:{base.stdout.strip().removeprefix('sha256:')[:12]}"
+    if subprocess.run([exe, "image", "inspect", name], capture_output=True).returncode:
+        scratch = f"miniswe-bench-derive-{uuid.uuid4().hex[:8]}"
+        subprocess.run([exe, "run", "--name", scratch, "--entrypoint", "bash", args.image, "-c", "rm -f /usr/bin/python3*"],
+                       capture_output=True)
+        subprocess.run([exe, "commit", scratch, name], capture_output=True)
+        subprocess.run([exe, "rm", "-f", scratch], capture_output=True)
+    return name
+
+
 def step_rows(env: DockerEnvironment, local: LocalEnvironment, args: argparse.Namespace, label: str) -> tuple[list, float]:
     """Per-step timings of `env`, interleaved with the bare loops; (rows, overhead over local in ms)."""
     env.execute("true", timeout=30)  # warm-up
@@ -145,8 +159,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--image", default="miniswe-test:latest")
-    parser.add_argument("--fallback-image", default="miniswe-test-nopython:latest",
-                        help="an image without python3, for the exec-per-step fallback (skipped when absent)")
+    parser.add_argument("--fallback-image", default="",
+                        help="an image without python3, for the exec-per-step fallback (default: --image without python3)")
     parser.add_argument("--executable", default="docker")
     parser.add_argument("--batch-tasks", type=int, default=8)
     parser.add_argument("--batch-steps", type=int, default=3)
@@ -178,9 +192,10 @@ def main() -> None:
         rows += resident_rows
         if overhead > 10:
             problems.append(f"executor overhead {overhead:.1f} ms over the local environment (target 10 ms)")
-        present = subprocess.run([args.executable, "image", "inspect", args.fallback_image], capture_output=True)
+        fallback = args.fallback_image or without_python(args)
+        present = subprocess.run([args.executable, "image", "inspect", fallback], capture_output=True)
         if present.returncode == 0:
-            env = DockerEnvironment(dataclasses.replace(cfg, image=args.fallback_image))
+            env = DockerEnvironment(dataclasses.replace(cfg, image=fallback))
             try:
                 fallback_rows, _ = step_rows(env, local, args, "exec-per-step fallback")
             finally:
@@ -188,7 +203,7 @@ def main() -> None:
             name, value = fallback_rows[5]
             rows += fallback_rows[:1] + [(name, value.split(" (target")[0])]
         else:
-            rows.append(("exec-per-step fallback", f"skipped: no image {args.fallback_image}"))
+            rows.append(("exec-per-step fallback", f"skipped: no image {fallback}"))
     batch_rows, batch_problems = batch_containers(args)
     rows.extend(batch_rows)
     problems += batch_problems

@@ -85,7 +85,10 @@ def in_subprocess(code: str, **kwargs) -> subprocess.Popen:
 
 
 def derived_image(name: str, command: str, exe: str = "docker") -> str:
-    """IMAGE changed by `command` and committed as `name` (offline: nothing to pull), once per engine."""
+    """IMAGE changed by `command` and committed as `name`, tagged with IMAGE's id (offline: nothing to pull),
+    once per engine and base image."""
+    base = subprocess.run([exe, "image", "inspect", "--format", "{{.Id}}", IMAGE], capture_output=True, text=True)
+    name = f"{name}:{base.stdout.strip().removeprefix('sha256:')[:12]}"
     if subprocess.run([exe, "image", "inspect", name], capture_output=True).returncode == 0:
         return name
     scratch = f"miniswe-derive-{uuid.uuid4().hex[:8]}"
@@ -107,7 +110,7 @@ NO_BASH = "rm -f /usr/bin/bash /bin/bash"  # python3 stays, sh (dash) stays
 
 @pytest.fixture(scope="session")
 def no_python_image() -> str:
-    return derived_image("miniswe-test-nopython:latest", NO_PYTHON)
+    return derived_image("miniswe-test-nopython", NO_PYTHON)
 
 
 @pytest.fixture(scope="module")
@@ -208,13 +211,13 @@ def test_output_flood_stays_bounded_in_memory():
     # in a child process, so its peak memory is the flood's alone
     child = in_subprocess(
         f"""
-import resource
 from miniswe.environments.docker import DockerConfig, DockerEnvironment
 env = DockerEnvironment(DockerConfig(image={IMAGE!r}, capture_limit=100_000))
 r = env.execute("head -c 300000000 /dev/zero | tr '\\\\0' x; echo; echo END", timeout=120)
 env.close()
+# VmHWM, not ru_maxrss: the latter keeps the parent's peak across vfork and exec
 print(r.returncode, r.output_chars, r.elided_chars, len(r.output), r.output.endswith("END\\n"),
-      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+      next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) // 1024)
 """
     )
     out, err = child.communicate(timeout=180)

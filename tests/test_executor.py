@@ -68,6 +68,24 @@ def test_bounding_in_the_executor_keeps_what_the_host_would_keep(seed):
     assert sum(len(p) for k, p in sent if k == OUTPUT) <= limit // 2 + flushes * (limit - limit // 2)
 
 
+@pytest.mark.parametrize("size", [10, 70_000, 3_000_000])
+@pytest.mark.parametrize("memfd", [True, False], ids=["memfd", "no-memfd"])
+def test_the_command_reaches_its_shell_whole_with_or_without_memfd(monkeypatch, size, memfd):
+    from miniswe.environments import executor
+
+    if not memfd:
+        monkeypatch.delattr(os, "memfd_create", raising=False)  # as on Python < 3.8
+    command = (b"echo " + b"x" * size)[:size]
+    fd = executor._command_fd(command)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        assert b"".join(chunks) == command and not os.get_inheritable(fd)
+    finally:
+        os.close(fd)
+
+
 def test_capture_limit_zero_keeps_everything():
     buffer = BoundedBuffer(0)
     for _ in range(1000):

@@ -495,30 +495,35 @@ def _write_file(path, data):
 
 
 def _command_fd(command):
-    """A file descriptor to read `command` from: a memfd (a regular file, which bash's `read` takes in
-    big reads), or a pipe holding it when memfd is missing (Python < 3.8, old kernels)."""
+    """A file descriptor to read `command` from, at its start: a memfd (a regular file, which bash's `read`
+    takes in big reads); without memfd (Python < 3.8, old kernels) a pipe when the command fits in one,
+    else an unlinked temporary file. Written whole before bash starts, so nothing here can block."""
     create = getattr(os, "memfd_create", None)
+    fd = None
     if create is not None:
         try:
             fd = create("command", getattr(os, "MFD_CLOEXEC", 1))
         except OSError:
             fd = None
-        if fd is not None:
-            view = memoryview(command)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.lseek(fd, 0, os.SEEK_SET)
-            return fd
-    read, write = os.pipe()
-    if len(command) >= 1 << 16:
-        _bigger_pipe(write, len(command) + 1)
-    view = memoryview(command)
-    try:
-        while view:
-            view = view[os.write(write, view) :]
-    finally:
+    if fd is None and len(command) < 1 << 16:
+        read, write = os.pipe()
+        _write_all(write, command)  # fits in the pipe's buffer
         os.close(write)
-    return read
+        return read
+    if fd is None:
+        import tempfile
+
+        with tempfile.TemporaryFile() as handle:
+            fd = os.dup(handle.fileno())  # non-inheritable, like every descriptor Python opens
+    _write_all(fd, command)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _bigger_pipe(fd, size=1 << 20):
