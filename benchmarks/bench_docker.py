@@ -1,17 +1,22 @@
-"""Docker environment overhead on this machine, against a bare `docker exec C true` loop.
+"""Docker environment overhead on this machine, side by side with a bare `docker exec C true` loop.
 
     python benchmarks/bench_docker.py [--steps 100] [--image miniswe-test:latest] [--executable docker]
+                                      [--fallback-image IMAGE]
                                       [--batch-tasks 8] [--batch-steps 3] [--batch-workers 4]
 
 Reports: container start (DockerEnvironment() until ready) and removal (close()); per-step wall time of
-execute("true") against bare `docker exec C true` and `docker exec C bash -c true` in the same container,
-and a local `bash -c true`; and how many containers a `miniswe batch --image IMAGE -w 4` keeps alive at
-once (polling `docker ps -a` while it runs: at most one per worker) and how many are left when it ends (0).
+execute("true") through the resident executor, interleaved in the same run with a bare `docker exec C true`,
+`docker exec C bash -c true`, the local environment's execute("true") and a bare local `bash -c true`;
+the executor's overhead over the local environment (target: within 10 ms); the same for the exec-per-step
+fallback (on --fallback-image, by default --image with python3 removed, committed once); and how many containers a `miniswe batch --image IMAGE -w 4` keeps
+alive at once (polling `docker ps -a` while it runs: at most one per worker), how many are left when it
+ends (0), and its wall time.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -25,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from miniswe.environments.docker import DockerConfig, DockerEnvironment  # noqa: E402
+from miniswe.environments.local import LocalConfig, LocalEnvironment  # noqa: E402
 from openai_server import ScriptedServer  # noqa: E402
 
 # One reply for every call (the workers share the server): a counter in the task's container submits at $STEPS.
@@ -108,10 +114,53 @@ def batch_containers(args: argparse.Namespace) -> tuple[list[tuple[str, str]], l
     return rows, problems
 
 
+def without_python(args: argparse.Namespace) -> str:
+    """--image with python3 removed (committed once, tagged with the base's id): the fallback's image."""
+    exe = args.executable
+    base = subprocess.run([exe, "image", "inspect", "--format", "{{.Id}}", args.image], capture_output=True, text=True)
+    name = f"miniswe-bench-nopython:{base.stdout.strip().removeprefix('sha256:')[:12]}"
+    if subprocess.run([exe, "image", "inspect", name], capture_output=True).returncode:
+        scratch = f"miniswe-bench-derive-{uuid.uuid4().hex[:8]}"
+        subprocess.run([exe, "run", "--name", scratch, "--entrypoint", "bash", args.image, "-c", "rm -f /usr/bin/python3*"],
+                       capture_output=True)
+        subprocess.run([exe, "commit", scratch, name], capture_output=True)
+        subprocess.run([exe, "rm", "-f", scratch], capture_output=True)
+    return name
+
+
+def step_rows(env: DockerEnvironment, local: LocalEnvironment, args: argparse.Namespace, label: str) -> tuple[list, float]:
+    """Per-step timings of `env`, interleaved with the bare loops; (rows, overhead over local in ms)."""
+    env.execute("true", timeout=30)  # warm-up
+    local.execute("true", timeout=30)
+    steps, bare, shell, local_steps, local_bash = interleaved(
+        [
+            lambda: env.execute("true", timeout=30),
+            lambda: subprocess.run([args.executable, "exec", env.name, "true"], check=True),
+            lambda: subprocess.run([args.executable, "exec", env.name, "bash", "-c", "true"], check=True),
+            lambda: local.execute("true", timeout=30),
+            lambda: subprocess.run(["bash", "-c", "true"], check=True),
+        ],
+        args.steps,
+    )
+    overhead = (statistics.median(steps) - statistics.median(local_steps)) * 1000
+    rows = [
+        (f"{label}: execute('true'), {args.steps} steps", ms(steps)),
+        (f"{label}: bare `{args.executable} exec C true`", ms(bare)),
+        (f"{label}: bare `{args.executable} exec C bash -c true`", ms(shell)),
+        (f"{label}: local environment execute('true')", ms(local_steps)),
+        (f"{label}: bare local `bash -c true`", ms(local_bash)),
+        (f"{label}: overhead over the local environment", f"{overhead:+7.1f} ms (target: <= +10 ms)"),
+        (f"{label}: saved per step vs bare exec", f"{(statistics.median(bare) - statistics.median(steps)) * 1000:+7.1f} ms"),
+    ]
+    return rows, overhead
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--image", default="miniswe-test:latest")
+    parser.add_argument("--fallback-image", default="",
+                        help="an image without python3, for the exec-per-step fallback (default: --image without python3)")
     parser.add_argument("--executable", default="docker")
     parser.add_argument("--batch-tasks", type=int, default=8)
     parser.add_argument("--batch-steps", type=int, default=3)
@@ -119,6 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = DockerConfig(image=args.image, executable=args.executable, pull="never")
     rows = []
+    problems = []
 
     starts, removals = [], []
     for _ in range(5):
@@ -131,28 +181,32 @@ def main() -> None:
     rows.append(("container start (DockerEnvironment(), 5 runs)", ms(starts)))
     rows.append(("container removal (close(), 5 runs)", ms(removals)))
 
-    env = DockerEnvironment(cfg)
-    try:
-        env.execute("true", timeout=30)  # warm-up
-        steps, bare, shell, local = interleaved(
-            [
-                lambda: env.execute("true", timeout=30),
-                lambda: subprocess.run([args.executable, "exec", env.name, "true"], check=True),
-                lambda: subprocess.run([args.executable, "exec", env.name, "bash", "-c", "true"], check=True),
-                lambda: subprocess.run(["bash", "-c", "true"], check=True),
-            ],
-            args.steps,
-        )
-    finally:
-        env.close()
-    rows.append((f"execute('true'), {args.steps} steps", ms(steps)))
-    rows.append((f"bare `{args.executable} exec C true`, {args.steps} steps", ms(bare)))
-    rows.append((f"bare `{args.executable} exec C bash -c true`, {args.steps} steps", ms(shell)))
-    overhead = (statistics.median(steps) - statistics.median(bare)) * 1000
-    rows.append(("overhead per step vs bare exec", f"{overhead:+7.1f} ms"))
-    rows.append((f"local `bash -c true`, {args.steps} steps", ms(local)))
-    batch_rows, problems = batch_containers(args)
+    with tempfile.TemporaryDirectory() as cwd:
+        local = LocalEnvironment(LocalConfig(cwd=cwd))
+        env = DockerEnvironment(cfg)
+        try:
+            assert env.describe()["executor"] == "resident", env.describe()
+            resident_rows, overhead = step_rows(env, local, args, "executor")
+        finally:
+            env.close()
+        rows += resident_rows
+        if overhead > 10:
+            problems.append(f"executor overhead {overhead:.1f} ms over the local environment (target 10 ms)")
+        fallback = args.fallback_image or without_python(args)
+        present = subprocess.run([args.executable, "image", "inspect", fallback], capture_output=True)
+        if present.returncode == 0:
+            env = DockerEnvironment(dataclasses.replace(cfg, image=fallback))
+            try:
+                fallback_rows, _ = step_rows(env, local, args, "exec-per-step fallback")
+            finally:
+                env.close()
+            name, value = fallback_rows[5]
+            rows += fallback_rows[:1] + [(name, value.split(" (target")[0])]
+        else:
+            rows.append(("exec-per-step fallback", f"skipped: no image {fallback}"))
+    batch_rows, batch_problems = batch_containers(args)
     rows.extend(batch_rows)
+    problems += batch_problems
 
     width = max(len(r[0]) for r in rows)
     print(f"miniswe docker benchmark ({args.executable}, {args.image}; {os.cpu_count()} cores)")

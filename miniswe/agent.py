@@ -111,7 +111,7 @@ class Agent:
         last = trajectory.steps[-1] if trajectory.steps else None
         if trajectory.pending is not None:  # miniswe died while its command ran: what it did is unknown
             last = dataclasses.replace(trajectory.pending, aborted="miniswe stopped", returncode=None)
-            self._after(last, self._observation(last, self.config.environment.timeout))
+            self._after(last, lambda: self._observation(last, self.config.environment.timeout))
         elif last and last.aborted and not any(m.step == last.step and m.role == "user" for m in trajectory.messages):
             self._tell(last.step, self._observation(last, self.config.environment.timeout), written=False)
         trajectory.save()
@@ -152,7 +152,7 @@ class Agent:
         proposed = command if ask.command != command else None
         if ask.veto:
             step = Step(number_, command=ask.command, refused=ask.veto, proposed=proposed, **made)
-            return self._after(step, self._observation(step, 0))
+            return self._after(step, lambda: self._observation(step, 0))
         timeout = self.limits.command_timeout(self.config.environment.timeout)
         with self.stop.cancelling(self.env.interrupt):
             result = self.env.execute(ask.command, timeout=timeout)
@@ -165,7 +165,7 @@ class Agent:
             if result.sandbox_error:
                 raise SandboxError(result.sandbox_error)
             return self.stop.outcome or interrupted("SIGINT")
-        stopped = self._after(step, self._observation(step, timeout))
+        stopped = self._after(step, lambda: self._observation(step, timeout))
         submitted = submission(output, result.returncode, self.config.protocol.submit_marker)
         if submitted is not None and result.elided_chars:
             # never a damaged submission: the middle of this one was not kept
@@ -200,7 +200,7 @@ class Agent:
             errors_left=(limit - self.format_errors) if limit else "Further",
             action_tag=self.variables["action_tag"], submit_marker=self.variables["submit_marker"],
         )
-        return self._after(step, guidance)
+        return self._after(step, lambda: guidance)
 
     def _observation(self, step: Step, timeout: float) -> str:
         if step.refused:
@@ -212,8 +212,13 @@ class Agent:
             duration_s=round(step.duration_s, 3), aborted=step.aborted,
         )
 
-    def _after(self, step: Step, observation: str) -> Outcome | None:
+    def _after(self, step: Step, observe: Callable[[], str]) -> Outcome | None:
         """The step's hooks; then the model is told the observation with their warnings. Their stop, if any."""
+        try:
+            observation = observe()
+        except Exception:
+            self.hooks("after_command", StepEvent(step, ""))  # the step stays on record, whatever its template does
+            raise
         event = self.hooks("after_command", StepEvent(step, observation))
         self.messages.append({"role": "user", "content": event.message()})
         return event.stop

@@ -166,7 +166,11 @@ def _drive(
     try:
         env = build_environment(config.environment, run_id=run_id, stop=stop, confine=config.policy.confine,
                                 hidden_env=[getattr(config.model, "api_key_env", "")])
-        trajectory.describe(environment=env.describe())
+        described = env.describe()
+        trajectory.describe(environment=described)
+        for notice in described.get("notices", ()):  # e.g. a docker image that falls back to exec-per-step
+            trajectory.warn(notice)
+            notify(f"notice: {notice}")
         model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,
                                      calls_made=trajectory.usage.model_calls)
         agent = Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),

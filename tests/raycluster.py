@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import read_line
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
@@ -63,7 +65,7 @@ class LoopbackNamespace:
                        " && ip route add default via 192.0.2.2")
         self.holder = subprocess.Popen(["unshare", "-rn", "sh", "-c", f"{script} && echo up && exec sleep 86400"],
                                        stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-        assert self.holder.stdout.readline().strip() == "up", "the namespace did not come up"
+        assert read_line(self.holder.stdout, 60).strip() == "up", "the namespace did not come up"
         self.netns = os.readlink(f"/proc/{self.holder.pid}/ns/net")
         token = home / "ray_token"
         token.write_text(secrets.token_hex(32))

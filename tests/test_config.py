@@ -122,3 +122,29 @@ def test_one_key_of_a_mapping_can_be_set_alone(tmp_path):
     config = load_config(str(base), "environment.env.C=c", "model.params.top_p=0.5")
     assert config.environment.env == {"A": "a", "B": "b", "C": "c"}
     assert config.model.params == {"max_tokens": 10, "top_p": 0.5}
+
+
+def test_default_yaml_lists_each_kinds_own_settings_with_their_defaults():
+    """The commented `# kind: X adds` blocks are the reference for the other built-in kinds' settings."""
+    import re
+    from dataclasses import MISSING, fields
+
+    import yaml
+
+    from miniswe.config import PLUGGABLE, default_config_path
+
+    text = open(default_config_path()).read()
+    blocks = re.findall(r"# kind: (\w+) adds\n((?:\s*#   .*\n)+)", text)
+    assert {kind for kind, _ in blocks} >= {"docker", "scripted"}
+    for kind, block in blocks:
+        listed = {}
+        for line in block.splitlines():
+            key, _, rest = line.strip().removeprefix("#").strip().partition(":")
+            value, _, comment = rest.partition("  #")
+            assert comment.strip(), f"{kind}: {key} has no comment in default.yaml"
+            listed[key] = yaml.safe_load(value)
+        section = next(name for name, (_, _, kinds) in PLUGGABLE.items() if kind in kinds)
+        base, config_class, _ = PLUGGABLE[section]
+        own = {f.name: (f.default_factory() if f.default is MISSING else f.default)
+               for f in fields(config_class(kind)) if f.name not in {b.name for b in fields(base)}}
+        assert listed == own, f"default.yaml's `# kind: {kind} adds` block differs from its settings"

@@ -22,7 +22,7 @@ from openai_server import ScriptedServer
 # test_docker.py holds the gate: importing it skips this module when no engine (or no test image) is reachable,
 # and fails it instead when CI says it started one (MINISWE_REQUIRE_DOCKER=1).
 try:
-    from test_docker import IMAGE, _engine_problem
+    from test_docker import IMAGE, _engine_problem, no_python_image  # noqa: F401  (a fixture)
 except pytest.skip.Exception as no_engine:
     pytest.skip(no_engine.msg, allow_module_level=True)  # reported as this module's skip
 
@@ -87,11 +87,11 @@ class Runs:
         self.tmp_path = tmp_path
         self.procs: list[tuple[subprocess.Popen, Path]] = []
 
-    def start(self, server, *extra: str, name: str = "t.json", group: bool = False) -> subprocess.Popen:
+    def start(self, server, *extra: str, name: str = "t.json", group: bool = False, image: str = IMAGE) -> subprocess.Popen:
         """`group`: in its own process group, so that a signal can go to the whole group as Ctrl-C at a terminal does."""
         path = self.tmp_path / name
         # -q: stderr then holds only diagnostics (the steps are progress, shown there otherwise)
-        args = ["run", "x", *endpoint(server), "-o", str(path), "--image", IMAGE, "-q", *extra]
+        args = ["run", "x", *endpoint(server), "-o", str(path), "--image", image, "-q", *extra]
         proc = subprocess.Popen(
             miniswe_cmd(*args), cwd=self.tmp_path, env=clean_env(), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0 if group else None,
@@ -250,22 +250,25 @@ def test_container_removed_after_a_signal_while_waiting_for_the_model(runs, serv
 
 @pytest.mark.parametrize(("sig", "code", "group"), SIGNALS)
 def test_container_removed_after_a_signal_while_it_starts(runs, server, sig, code, group, tmp_path):
-    # an engine client that is slow to return from `run`: the container exists, miniswe is still starting it
+    # an engine client whose container is up, but whose first frame (the executor's hello) never reaches
+    # miniswe: the container exists, miniswe is still starting it
     started = tmp_path / "started"
     slow = tmp_path / "slow-docker"
     slow.write_text(
-        f'#!/bin/bash\ndocker "$@"; rc=$?\n[ "$1" = run ] || exit $rc\ntouch {started}\nexec sleep 30\n'
+        '#!/bin/bash\n[ "$1" = run ] || exec docker "$@"\n'
+        f'docker "$@" | (head -c 1 >/dev/null; touch {started}; exec sleep 15)\n'
     )
     slow.chmod(0o755)
     server.push(SUBMIT)
     proc = runs.start(server, "-c", f"environment.executable={slow}", group=group)
-    wait_for(lambda: started.exists() or proc.poll() is not None, "`docker run` to return")
+    wait_for(lambda: started.exists() or proc.poll() is not None, "the container to start")
     run_id = Runs.traj(proc)["metadata"]["run_id"]
     assert containers_of(run_id) == [f"miniswe-{run_id}"]
     interrupt(proc, sig, group, code)
     assert Runs.traj(proc)["steps"] == [] and server.requests == []
     assert containers_of(run_id) == []
-    assert host_processes_naming(f"miniswe-{run_id}") == []
+    # the client ends with its container (the wrapper's `sleep 15` names neither)
+    wait_for(lambda: not host_processes_naming(f"miniswe-{run_id}"), "the attached client to end", timeout=10)
 
 
 # ---------------------------------------------------------------- timeouts inside the container
@@ -297,9 +300,21 @@ def test_hanging_forking_command_is_killed_inside_before_the_next_step(runs, ser
 # ---------------------------------------------------------------- kill -9, orphans and `miniswe cleanup`
 
 
-def test_kill_9_leaves_an_orphan_that_cleanup_removes_but_live_runs_are_kept(runs, server, cli, tmp_path):
+def test_kill_9_of_a_run_removes_its_executor_container(runs, server):
+    server.push(act("echo first"), act("sleep 35"))
+    doomed = runs.start(server)
+    doomed_run, doomed_container = runs.container_when_busy(doomed, "sleep 35")
+    doomed.kill()
+    doomed.communicate(timeout=10)
+    # the attached client's stdin ends with its owner; the executor then ends the container, and --rm removes it
+    wait_for(lambda: not containers_of(doomed_run), "the container to remove itself", timeout=20)
+    wait_for(lambda: not host_processes_naming(doomed_container), "the attached client to end", timeout=10)
+
+
+def test_kill_9_leaves_an_orphan_that_cleanup_removes_but_live_runs_are_kept(runs, server, cli, tmp_path, no_python_image):
+    # in exec-per-step mode (an image without python3) the container is detached, so kill -9 leaves it behind
     server.push(act("echo first"), act("sleep 32"))
-    doomed = runs.start(server, name="doomed.json")
+    doomed = runs.start(server, name="doomed.json", image=no_python_image)
     doomed_run, doomed_container = runs.container_when_busy(doomed, "sleep 32")
     doomed.kill()
     # not reaped yet, as by a supervisor that has not waited: a zombie owns nothing, it counts as gone

@@ -71,6 +71,13 @@ class BoundedBuffer:
             return bytes(self.ring[: self.ring_end])
         return bytes(self.ring[self.ring_end :] + self.ring[: self.ring_end])
 
+    def skip(self, count: int) -> None:
+        """`count` bytes were dropped upstream (the container's executor keeps a tail too). It drops only
+        once its own tail holds a full tail's worth of newer bytes, all sent after this, so what came
+        before cannot be in the final tail."""
+        self.total += count
+        self.ring_end, self.ring_full = 0, False
+
     def text(self) -> tuple[str, int, int]:
         """(kept text, full size, elided size). Undecodable bytes become U+FFFD."""
         tail = self._tail()

@@ -1,4 +1,11 @@
-"""Commands in one Docker (or Podman) container per environment: a fresh `bash -c` per `exec`, timed out inside."""
+"""Commands in one Docker (or Podman) container per run.
+
+The container's main process (PID 1) is miniswe's executor (executor.py), run by the image's own python3
+and attached to miniswe through one `docker run -i` client: each command is a frame on its stdin, run as
+a fresh `bash -c` in its own session, its output streamed back (resident.py). Nothing in the container
+names a command in its argv, and nothing a command does to processes there can end the executor.
+Images without python3 fall back to one `docker exec` per command (execstep.py), with a notice.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +19,10 @@ import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from miniswe.environments import CommandResult, EnvironmentConfig
-from miniswe.environments.capture import run_captured
 from miniswe.environments.containers import (
     engine_call,
     engine_problem,
@@ -24,53 +31,17 @@ from miniswe.environments.containers import (
     remove,
     says_no_such_image,
 )
+from miniswe.environments.execstep import KEEPER, ExecPerStep
+from miniswe.environments.executor import BOOT
 from miniswe.environments.local import QUIET_ENV
+from miniswe.environments.resident import HEARTBEAT_S, Resident, StartFailed
+from miniswe.environments.runargs import read_run_args
 from miniswe.errors import ConfigError, SandboxError
 from miniswe.redaction import mask_run_args
 from miniswe.signals import Stop
 
 PULL_POLICIES = ("never", "missing", "always")
-# Past the command's own timeout, how long the host waits for the in-container watchdog before giving up on it.
-HOST_GRACE_S = 5.0
-STDERR_LIMIT = 1 << 16
-
-# Runs inside the container as `bash -c WRAPPER miniswe TIMEOUT COMMAND`. Job control gives the command its
-# own process group, so the watchdog (on timeout) and the wrapper (after a normal exit) can kill everything
-# it started; killing the `docker exec` client on the host would not stop anything inside the container.
-# Then a sweep kills whatever escaped the group (setsid, double forks): in a run's own container, nothing
-# but init, the keeper and its sleep may outlive a step. It reads /proc with builtins only, forking nothing.
-# Markers go to the exec's stderr, which carries nothing else: the command's stderr is merged into stdout.
-WRAPPER = r"""set -m
-bash -c "$2" 2>&1 &
-cmd=$!
-echo "miniswe:pgid $cmd" >&2
-(sleep "$1"; echo miniswe:timeout >&2; kill -KILL -- -"$cmd" 2>/dev/null) &
-dog=$!
-wait "$cmd"
-rc=$?
-kill -KILL -- -"$dog" -"$cmd" 2>/dev/null
-keeper=
-for d in /proc/[0-9]*; do
-  { mapfile -d '' args < "$d/cmdline"; } 2>/dev/null || continue
-  [[ ${args[0]} == bash && ${args[3]} == miniswe-keeper ]] && { keeper=${d#/proc/}; break; }
-done
-for d in /proc/[0-9]*; do
-  p=${d#/proc/}
-  [[ $p == 1 || $p == $$ || $p == "$keeper" ]] && continue
-  ppid=
-  { while read -r key value; do [[ $key == PPid: ]] && { ppid=$value; break; }; done < "$d/status"; } 2>/dev/null
-  [[ -n $keeper && $ppid == "$keeper" ]] || kill -KILL "$p" 2>/dev/null
-done
-echo "miniswe:exit $rc" >&2
-exit $rc
-"""
-
-# The container's main process: it lives out the lifetime ceiling, and a command's `pkill sleep` or
-# `pkill bash` (ignored signals) does not end the container under the run.
-KEEPER = (
-    'trap "" TERM INT HUP; '
-    'while [ "$SECONDS" -lt "$1" ]; do r=$(( $1 - SECONDS )); sleep $(( r < 10 ? r : 10 )) & wait $!; done'
-)
+MEMORY = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
 
 
 @dataclass(frozen=True)
@@ -78,16 +49,22 @@ class DockerConfig(EnvironmentConfig):
     kind: str = "docker"
     image: str = ""  # image to start
     forward_env: list[str] = field(default_factory=list)  # host variables passed through by name (values never recorded)
-    run_args: list[str] = field(default_factory=list)  # extra `docker run` arguments, e.g. [--network, none, --memory, 4g]
+    run_args: list[str] = field(default_factory=list)  # extra `docker run` arguments, e.g. [--network, none]
     executable: str = "docker"  # docker or podman
     pull: str = field(default="missing", metadata={"choices": PULL_POLICIES})  # never, missing or always
     start_timeout: float = field(default=120.0, metadata={"seconds": True})  # seconds allowed for pulling and starting the container
     container_lifetime: float = field(default=14_400.0, metadata={"seconds": True})  # seconds after which the container removes itself even if miniswe died
+    pids_limit: int = 2048  # processes and threads the container may hold, so a fork bomb stays inside; 0 = the engine's default
+    memory: str = ""  # memory limit, e.g. 4g; past it the kernel kills the largest command; "" = none
+    cpus: float = 0.0  # CPUs the container may use, e.g. 2 or 0.5; 0 = no limit
+    allow_unsafe_run_args: bool = False  # allow run_args that reach outside the container (--pid, --network host, --privileged, ...)
 
 
 # Containers not yet closed, removed at interpreter exit: name -> (executable, creating pid). The pid keeps
 # a forked child's exit from removing its parent's containers.
 _LIVE: dict[str, tuple[str, int]] = {}
+# Images found unable to run the executor, so a batch does not try each time: (executable, image id) -> why.
+_NO_EXECUTOR: dict[tuple[str, str], str] = {}
 
 
 class DockerEnvironment:
@@ -104,6 +81,9 @@ class DockerEnvironment:
             raise ConfigError("environment.container_lifetime: must be a positive number of seconds")
         if not config.cwd.startswith("/"):
             raise ConfigError(f"environment.cwd: {config.cwd!r} must be an absolute path inside the container")
+        if config.memory and not MEMORY.match(config.memory):
+            raise ConfigError(f"environment.memory: {config.memory!r} is not a size; write e.g. 4g or 512m")
+        read_run_args(config.run_args, allow_unsafe=config.allow_unsafe_run_args)
         return config
 
     def __init__(self, config: DockerConfig, *, run_id: str = "", stop: Stop | None = None, **_: Any):
@@ -121,13 +101,21 @@ class DockerEnvironment:
         self.run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         self.name = "miniswe-" + re.sub(r"[^a-zA-Z0-9_.-]", "-", self.run_id)
         self.container: str | None = self.name  # None once closed
+        self.run_args = read_run_args(config.run_args, allow_unsafe=config.allow_unsafe_run_args)
+        self.notices: list[str] = []  # one line each, for the user and the trajectory
+        if self.run_args.unsafe:
+            self.notices.append(f"environment.run_args: running with {' '.join(self.run_args.unsafe)} "
+                                "(environment.allow_unsafe_run_args is set)")
+        # Every value travels on the executor's (or the exec's) stdin: argv is readable by every local user.
+        env = {**QUIET_ENV, **self.run_args.env, **{k: str(v) for k, v in config.env.items()}}
+        for name in [*config.forward_env, *self.run_args.forward]:
+            if name in os.environ:
+                env[name] = os.environ[name]
+        self.env = env
+        self.mode = ""  # "executor" or "exec" once started
+        self._runner: Resident | ExecPerStep | None = None
         self._gone: str | None = None
-        self._running: subprocess.Popen | None = None
-        self._interrupted = False
-        env = {**QUIET_ENV, **{k: str(v) for k, v in config.env.items()}}
-        # Forwarded variables go by name only: the client fills in the value, so it never appears in argv.
-        self._env_args = [a for name in config.forward_env for a in ("-e", name)]
-        self._env_args += [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+        self._started = time.monotonic()
         _LIVE[self.name] = (self.exe, os.getpid())
         try:
             self._start()
@@ -138,6 +126,7 @@ class DockerEnvironment:
     def _engine(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess:
         return engine_call(self.exe, *args, timeout=timeout, stop=self.stop)
 
+    # -- start ---------------------------------------------------------------------------------------------
     def _start(self) -> None:
         cfg = self.config
         present = self._engine("image", "inspect", "--format", "{{.Id}}", cfg.image)
@@ -155,17 +144,73 @@ class DockerEnvironment:
                 f"image {cfg.image} is not present and environment.pull is 'never'; build or load it "
                 "(docker build / docker load) or set environment.pull: missing"
             )
+        key = (self.exe, present.stdout.strip() or cfg.image)
+        why = _NO_EXECUTOR.get(key)
+        if why is None:
+            why = self._start_executor()
+            if why is None:
+                return
+            _NO_EXECUTOR[key] = why
+        self.notices.append(
+            f"image {cfg.image} {why}: each command runs through its own `{self.tool} exec` instead of miniswe's "
+            "executor (about 80 ms more per step, and commands can see and signal miniswe's wrapper)"
+        )
+        self._start_exec(why)
+
+    def _container_args(self) -> list[str]:
+        """`run` options every mode shares: name, labels, resource bounds, then the user's run_args."""
+        cfg = self.config
         labels = owner_labels(self.run_id)
-        run = [
-            "run", "-d", "--init", "--rm", "--pull", "never", "--name", self.container,
+        limits = ["--pids-limit", str(cfg.pids_limit)] if cfg.pids_limit else []
+        limits += ["--memory", cfg.memory] if cfg.memory else []
+        limits += ["--cpus", f"{cfg.cpus:g}"] if cfg.cpus else []
+        return [
+            "--rm", "--pull", "never", "--name", self.name,
             *[a for k, v in labels.items() for a in ("--label", f"{k}={v}")],
-            # the main process is the lifetime ceiling: when it ends, --rm removes the container
-            "--entrypoint", "bash",
-            *cfg.run_args,
-            cfg.image, "-c", KEEPER, "miniswe-keeper", str(int(cfg.container_lifetime + 0.999)),
+            *limits,
         ]  # fmt: skip
-        started = self._engine(*run, timeout=cfg.start_timeout)
-        if "is already in use" in started.stderr:
+
+    def _start_executor(self) -> str | None:
+        """Start the container with the executor as its main process; why it cannot (to fall back), or None."""
+        cfg = self.config
+        argv = [
+            self.exe, "run", "-i", "--sig-proxy=false", "--log-driver", "none", *self._container_args(),
+            # the executor's stdout is its stream to miniswe: no log driver copies it
+            "--entrypoint", "python3", *self.run_args.args, cfg.image, "-I", "-S", "-c", BOOT,
+        ]  # fmt: skip
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except OSError as error:
+            raise SandboxError(f"cannot run {self.exe}: {error.strerror}") from None
+        resident = Resident(proc, name=self.name, gone=self._gone_reason, capture_limit=cfg.capture_limit)
+        self._runner = resident
+        settings = {"env": self.env, "cwd": cfg.cwd, "capture_limit": cfg.capture_limit,
+                    "lifetime": cfg.container_lifetime, "heartbeat": HEARTBEAT_S}
+        try:
+            hello = resident.handshake(settings, timeout=cfg.start_timeout, stop=self.stop)
+        except StartFailed as failed:
+            resident.close()
+            self._runner = None
+            return self._refused(failed)
+        except BaseException:
+            resident.close()
+            self._runner = None
+            raise
+        if not hello.get("bash"):
+            raise SandboxError(f"image {cfg.image} has no bash; miniswe runs every command with `bash -c`: use an image with bash")
+        if hello.get("cwd"):
+            raise SandboxError(
+                f"environment.cwd: {cfg.cwd} {hello['cwd']} in image {cfg.image}; create it in the image "
+                "or set environment.cwd"
+            )
+        self.mode = "executor"
+        return None
+
+    def _refused(self, failed: StartFailed) -> str:
+        """Why the executor did not start, as a fallback reason; SandboxError when the container itself was refused."""
+        stderr, code = failed.stderr, failed.returncode
+        if "is already in use" in stderr:
             # that container belongs to another run: forget it, so close() does not remove it
             _LIVE.pop(self.name, None)
             self.container = None
@@ -173,11 +218,31 @@ class DockerEnvironment:
                 f"container name {self.name} is already in use: run id {self.run_id!r} is taken; give each "
                 "run its own run id, or remove the old container (miniswe cleanup)"
             )
+        lowered = stderr.lower()
+        if code in (126, 127) and "python3" in lowered:
+            remove(self.exe, [self.name])  # created, never started
+            return "has no python3"
+        if code is None or code == 125 or code < 0:
+            raise SandboxError(self._run_problem(stderr))
+        remove(self.exe, [self.name])
+        last = (stderr.strip().splitlines() or [f"exit {code}"])[-1].strip()
+        return f"has a python3 that cannot run miniswe's executor ({last[:120]})"
+
+    def _start_exec(self, why: str) -> None:
+        """The fallback: a bash loop as main process (with --init to reap), one `exec` per command."""
+        cfg = self.config
+        run = [
+            "run", "-d", "--init", *self._container_args(),
+            # the main process is the lifetime ceiling: when it ends, --rm removes the container
+            "--entrypoint", "bash", *self.run_args.args,
+            cfg.image, "-c", KEEPER, "miniswe-keeper", str(int(cfg.container_lifetime + 0.999)),
+        ]  # fmt: skip
+        started = self._engine(*run, timeout=cfg.start_timeout)
         if started.returncode:
             raise SandboxError(self._run_problem(started.stderr))
         # One exec checks what every later step relies on: bash, sleep (the watchdog) and the cwd.
         check = self._engine(
-            "exec", self.container, "bash", "-c",
+            "exec", self.name, "bash", "-c",
             'command -v sleep >/dev/null || exit 3; cd -- "$1" 2>/dev/null || exit 4', "miniswe", cfg.cwd,
         )  # fmt: skip
         if check.returncode == 3:
@@ -190,8 +255,11 @@ class DockerEnvironment:
         if check.returncode:
             raise SandboxError(
                 f"cannot run bash in image {cfg.image} ({first_line(check.stderr) or f'exit {check.returncode}'}); "
-                "miniswe needs bash in the image"
+                f"miniswe needs bash in the image (and python3 for its executor: the image {why})"
             )
+        self._runner = ExecPerStep(self.exe, self.name, cwd=cfg.cwd, env=self.env, capture_limit=cfg.capture_limit,
+                                   sweep=not self.run_args.shares_pids, gone=self._gone_reason)
+        self.mode = "exec"
 
     def _run_problem(self, stderr: str) -> str:
         line = first_line(stderr)
@@ -201,115 +269,104 @@ class DockerEnvironment:
                 f"environment.run_args: requested ulimits exceed the host's hard limits (nofile hard limit here: "
                 f"{hard}); lower the --ulimit values ({line})"
             )
-        if "No such image" in line:
+        if "No such image" in line or "Unable to find image" in line:
             return f"environment.run_args: a stray argument was taken as the image name ({line})"
         problem = engine_problem(self.tool, stderr)
         if problem != line:
             return problem
-        return f"{self.tool} run failed: {line}; check environment.run_args {self.config.run_args}"
+        return f"{self.tool} run failed: {line}; check environment.run_args {mask_run_args(self.config.run_args)}"
 
+    # -- commands ------------------------------------------------------------------------------------------
     def execute(self, command: str, *, timeout: float) -> CommandResult:
-        if self.container is None:
+        if self.container is None or self._runner is None:
             raise SandboxError("the docker environment is closed")
         if self._gone:
             raise SandboxError(self._gone)
-        started = time.monotonic()
-        argv = [
-            self.exe, "exec", "-w", self.config.cwd, *self._env_args, self.container,
-            "bash", "-c", WRAPPER, "miniswe", f"{max(timeout, 0):.3f}", command,
-        ]  # fmt: skip
-        try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                # Ctrl-C at the terminal is for miniswe to handle, not for the exec client
-                start_new_session=True,
-            )
-        except OSError as error:
-            raise SandboxError(f"cannot start {self.exe}: {error.strerror}") from error
-        self._interrupted = False
-        self._running = proc
-        try:
-            result = run_captured(
-                proc,
-                timeout=max(timeout, 0) + HOST_GRACE_S,
-                limit=self.config.capture_limit,
-                kill=proc.kill,
-                started=started,
-            )
-            stderr = proc.stderr.read(STDERR_LIMIT).decode("utf-8", errors="replace")
-        finally:
-            self._running = None
-            proc.stderr.close()
-        # whole lines only: bash's job notices on the same stream quote the wrapper's source
-        markers = {line.partition(" ")[0]: line.partition(" ")[2] for line in stderr.splitlines()}
-        if self._interrupted:
-            # the exec client was killed; the container goes with the run, or its next step's sweep
-            self._kill_group(markers.get("miniswe:pgid", ""))
-            return dataclasses.replace(result, returncode=None, timed_out=False, interrupted=True)
-        if result.timed_out:
-            # The engine did not end the step in time; the watchdog inside may still be waiting to fire.
-            self._kill_group(markers.get("miniswe:pgid", ""))
-            return result
-        if "miniswe:timeout" in markers:
-            return dataclasses.replace(result, returncode=None, timed_out=True)
-        if "miniswe:exit" not in markers:
-            # The wrapper never ran or was killed: the exec failed, or the container went away under it.
-            gone = self._gone_reason()
-            if gone and "miniswe:pgid" in markers:  # it died under the command: keep what the step printed
-                return dataclasses.replace(result, returncode=None, sandbox_error=gone)
-            if gone:
-                raise SandboxError(gone)
-            if "miniswe:pgid" not in markers:
-                raise SandboxError(f"{self.tool} exec failed: {first_line(stderr) or f'exit {proc.returncode}'}")
+        result = self._runner.execute(command, timeout)
+        if result.sandbox_error:
+            self._gone = result.sandbox_error
         return result
 
     def interrupt(self) -> None:
-        proc = self._running
-        if proc is not None:
-            self._interrupted = True
-            proc.kill()
+        runner = self._runner
+        if runner is not None:
+            runner.interrupt()
 
-    def _kill_group(self, pgid: str) -> None:
-        if pgid.isdigit() and self.container:
-            try:
-                subprocess.run(
-                    [self.exe, "exec", self.container, "bash", "-c", f"kill -KILL -- -{pgid}"],
-                    stdin=subprocess.DEVNULL, capture_output=True, timeout=10,
-                )  # fmt: skip
-            except subprocess.TimeoutExpired:
-                pass
-
-    def _gone_reason(self) -> str | None:
-        """Why the container can no longer run commands, or None while it is running."""
-        # The engine notices a dead main process a moment after the exec ends: look a few times.
-        for attempt in range(4):
+    def _gone_reason(self, settle: bool = True) -> str | None:
+        """Why the container can no longer run commands, or None while it is running. `settle`: the engine
+        notices a dead main process a moment after its stream ends, so look a few times before saying "running"."""
+        if self._gone:
+            return self._gone
+        for attempt in range(4 if settle else 1):
             time.sleep(0.1 * attempt)
-            state = self._engine("inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}}", self.name)
+            try:
+                state = engine_call(self.exe, "inspect", "--format",
+                                    "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.Pid}}",
+                                    self.name, timeout=15)
+            except SandboxError as error:  # the engine did not answer at all
+                self._gone = self._engine_lost(str(error))
+                return self._gone
             status = state.stdout.split()
             if state.returncode or not status or status[0] != "running":
                 break
         else:
-            return None
-        if state.returncode:
-            how = "engine not reachable" if "cannot connect" in state.stderr.lower() else "removed"
+            stopped = self._executor_stopped(status[3] if len(status) > 3 else "")
+            if stopped:
+                self._gone = stopped
+            return stopped
+        name = self.name
+        if state.returncode and ("no such" in state.stderr.lower() or "no container with" in state.stderr.lower()):
+            lived = time.monotonic() - self._started
+            if lived >= self.config.container_lifetime - 1:
+                how = f"it reached environment.container_lifetime ({self.config.container_lifetime:g}s) and removed itself"
+            else:
+                how = "removed from outside while the run was using it"
+            self._gone = f"container {name} is gone ({how}); the run cannot continue"
+        elif state.returncode:
+            self._gone = self._engine_lost(first_line(state.stderr))
+        elif status[0] == "paused":
+            self._gone = f"container {name} was paused (`{self.tool} pause`) under the run; the run cannot continue"
+        elif status[1:2] == ["true"]:
+            self._gone = (f"container {name} is gone (killed for lack of memory; raise environment.memory); "
+                          "the run cannot continue")
         else:
-            how = "killed for lack of memory" if status[1:] == ["true"] else status[0]
-        self._gone = (
-            f"container {self.name} is gone ({how}): it was removed, stopped or paused, or its engine "
-            "restarted, while the run was using it; the run cannot continue"
-        )
+            code = status[2] if len(status) > 2 else "?"
+            also = " or by a command (`kill -9 -1` ends it in exec-per-step mode)" if self.mode == "exec" else ""
+            self._gone = (f"container {name} is gone ({status[0]}, exit code {code}: stopped or killed from outside{also}); "
+                          "the run cannot continue")
         return self._gone
+
+    def _executor_stopped(self, pid: str) -> str | None:
+        """The engine says "running", but the executor may be stopped (SIGSTOP from this host): its heartbeats
+        would never come back. Only looked at when that pid on this host is the executor (a remote engine's is not)."""
+        if self.mode != "executor" or not pid.isdigit():
+            return None
+        try:
+            if b"miniswe's executor" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return None
+            state = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            return None
+        if state not in (b"T", b"t"):
+            return None
+        return (f"miniswe's executor in container {self.name} (pid {pid} on this host) was stopped from outside "
+                "(SIGSTOP); the run cannot continue")
+
+    def _engine_lost(self, detail: str) -> str:
+        return (
+            f"the {self.tool} engine stopped answering while the run was using container {self.name} ({detail}); "
+            "the run cannot continue; once the engine is back, run `miniswe cleanup` to remove what it left"
+        )
 
     def close(self) -> None:
         # No locks: this may run from a signal handler that interrupted execute().
         name, self.container = self.container, None
-        if name is None:
-            return
-        _LIVE.pop(name, None)
-        remove(self.exe, [name])
+        if name is not None:
+            _LIVE.pop(name, None)
+            remove(self.exe, [name])
+        runner = self._runner
+        if runner is not None:
+            runner.close()
 
     def describe(self) -> dict[str, Any]:
         cfg = self.config
@@ -319,9 +376,11 @@ class DockerEnvironment:
             "image": cfg.image,
             "cwd": cfg.cwd,
             "container": self.name,
+            "executor": {"executor": "resident", "exec": "exec-per-step"}.get(self.mode, ""),
             "env": sorted(cfg.env),
             "forward_env": list(cfg.forward_env),
             "run_args": mask_run_args(cfg.run_args),
+            "notices": list(self.notices),
         }
 
 
