@@ -38,9 +38,14 @@ def summary_line(trajectory: Trajectory, resolved: bool | None = None) -> str:
 
 
 def step_status(step: Step) -> str:
+    """How a step ended, in a few words: a format error, a command cut short, a timeout, or its return code."""
+    if step.format_error:
+        return f"format error ({step.format_error})"
     if step.aborted:
         return f"aborted ({step.aborted})"
-    return "timed out" if step.timed_out else f"rc={step.returncode}"
+    if step.timed_out:
+        return "timed out"
+    return "rc=?" if step.returncode is None else f"rc={step.returncode}"  # ? : a format that did not record it
 
 
 class PlainDisplay:
