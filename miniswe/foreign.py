@@ -11,12 +11,14 @@ refuses to be saved over its source.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import time
 from typing import Any
 
 from miniswe.errors import RecordError, TrajectoryError
 from miniswe.protocol import FormatError, parse_command, thought_of
+from miniswe.redaction import Secrets, masked_config, secret_entries
 from miniswe.status import ExitStatus, Outcome
 from miniswe.trajectory import FORMAT, VERSION, Message, Step, Trajectory, read_document, upgrade
 from miniswe.usage import Usage, figure
@@ -77,11 +79,25 @@ def from_mini_swe_agent(data: Any, path: str) -> ConvertedTrajectory:
     """A mini-swe-agent trajectory (either dict format, or a bare message list) as a miniswe Trajectory."""
     if not is_mini_swe_agent(data):
         raise TrajectoryError(f"{path}: not a mini-swe-agent trajectory")
+    data = _without_secrets(data)
     listed = isinstance(data, list)
     source = MESSAGE_LIST if listed else data["trajectory_format"]
     info = {} if listed else (data.get("info") if isinstance(data.get("info"), dict) else {})
     raw = data if listed else data["messages"]
     return _Converter(path, source, info, [m for m in raw if isinstance(m, dict)]).convert()
+
+
+def _without_secrets(data: Any) -> Any:
+    """The reference masked nothing: the values of secret-looking settings in its config (an `api_key` in
+    `model_kwargs`, a `GITHUB_TOKEN` in the environment) are masked wherever they appear, as miniswe records them."""
+    info = data.get("info") if isinstance(data, dict) else None
+    config = info.get("config") if isinstance(info, dict) else None
+    if not isinstance(config, dict):
+        return data
+    secrets = Secrets()
+    for dotted, value in secret_entries(config):
+        secrets.add(value, dotted)
+    return json.loads(secrets.scrub(json.dumps(data, ensure_ascii=False))) if secrets else data
 
 
 class _Converter:
@@ -142,7 +158,7 @@ class _Converter:
             "usage": self.usage(steps).to_dict(),
             "timing": {"started": stamps[0] if stamps else None, "ended": stamps[-1] if stamps else None,
                        "wall_s": _seconds_between(self.raw)},
-            "config": self.miniswe_config(), "environment": self.environment(), "model": self.model(),
+            "config": masked_config(self.miniswe_config()), "environment": self.environment(), "model": self.model(),
             "metadata": {"converted_from": {"format": self.source, "mini_version": self.info.get("mini_version"),
                                             "not_recorded": sorted(self.missing), "notes": self.notes}},
             "messages": [m.to_dict() for m in messages], "steps": [s.to_dict() for s in steps],

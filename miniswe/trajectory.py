@@ -279,6 +279,8 @@ def read_document(path: str) -> Any:
         raise TrajectoryError(f"{path}: not UTF-8 text; is it a trajectory file?") from None
     except ValueError as error:
         raise TrajectoryError(f"{path}: not valid JSON ({error}); is it a trajectory file?") from None
+    except RecursionError:
+        raise TrajectoryError(f"{path}: JSON nested too deeply to read; is it a trajectory file?") from None
 
 
 def upgrade(data: Any, path: str) -> dict[str, Any]:

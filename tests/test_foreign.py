@@ -146,6 +146,7 @@ def test_observation_shapes(text, expected):
     ('[1, 2]', "a JSON list that is not a list of chat messages"),
     ('{"format": "miniswe-trajectory", "version": 99}', "newer miniswe"),
     ("not json", "not valid JSON"),
+    ("[" * 100_000, "nested too deeply"),
 ])
 def test_anything_else_is_refused_in_one_line(tmp_path, content, found):
     path = tmp_path / "x.json"
@@ -160,3 +161,18 @@ def test_old_miniswe_versions_load_through_load_any_too():
     for name in sorted(os.listdir(data)):
         trajectory = load_any(os.path.join(data, name))
         assert type(trajectory) is Trajectory and trajectory.steps and trajectory.outcome
+
+
+def test_secrets_in_the_reference_config_are_masked_everywhere(tmp_path):
+    data = raw(LIMITS)
+    secret = "sk-reference-secret-0123456789"
+    data["info"]["config"]["model"]["model_kwargs"] = {"api_key": secret}
+    data["info"]["config"]["environment"]["env"]["GITHUB_TOKEN"] = "ghp_" + "x" * 30
+    data["messages"][3]["content"][0]["text"] = data["messages"][3]["content"][0]["text"].replace("Cloning", f"{secret} Cloning")
+    path = tmp_path / "leaky.traj.json"
+    path.write_text(json.dumps(data))
+    trajectory = load_any(str(path))
+    document = json.dumps(trajectory.to_dict())
+    assert secret not in document and "ghp_" + "x" * 30 not in document
+    assert trajectory.steps[0].output.startswith("*** Cloning")
+    assert trajectory.config["environment"]["env"]["GITHUB_TOKEN"] == "***"

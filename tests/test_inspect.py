@@ -113,6 +113,20 @@ def test_aborted_steps_and_unfinished_runs_are_marked(cli, tmp_path):
     assert "(no observation (the run ended here); output as stored)\n│ partial" in out
 
 
+def test_control_characters_in_outputs_reach_no_terminal(cli, tmp_path):
+    path = tmp_path / "t.json"
+    trajectory = Trajectory(str(path), task="colours\x1b]0;title\x07", config={}, environment={})
+    nasty = "\x1b[2J\x1b]52;c;Y2xpcGJvYXJk\x07red\x1b[31m\r\n\x9b1m\x7f"
+    trajectory.record_step(Step(1, command="printf '\\033[2J'", output=nasty, output_chars=len(nasty), returncode=0))
+    trajectory.save()
+    for out in (cli("inspect", str(path), "--full").stdout,
+                in_terminal(["inspect", str(path), "--full"], env={"PAGER": "cat"}, rows=100)[0]):
+        shown = ANSI.sub("", out)
+        assert "\x1b]" not in out and "\x07" not in out and "\x9b" not in out and "\x1b[2J" not in out
+        assert "␛[2J␛]52;c;Y2xpcGJvYXJk␇red␛[31m\n" in shown.replace("\r\n", "\n") and "\\x9b1m␡" in shown
+    assert json.loads(cli("inspect", str(path), "--json").stdout)["steps"][0]["output"] == nasty, "--json keeps the data as it is"
+
+
 def test_reference_formats_say_what_they_did_not_record(cli):
     out = cli("inspect", str(REFERENCE / "mini-swe-agent-1-submitted.traj.json")).stdout
     assert "file       " in out and "(mini-swe-agent-1)" in out

@@ -101,6 +101,20 @@ def test_a_task_whose_trajectory_is_gone_still_has_its_row(tmp_path):
     assert "task-0001/task-0001.traj.json" in data["runs"]["task-0001"]["error"]
 
 
+def test_a_ledger_cannot_point_the_page_outside_its_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    write_run_dir(str(run_dir), 2)
+    write_trajectory(str(tmp_path / "elsewhere.traj.json"), 3, task="not this batch's")
+    ledger = run_dir / "results.jsonl"
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    lines[0]["trajectory"] = "../elsewhere.traj.json"
+    lines[1]["trajectory"] = str(tmp_path / "elsewhere.traj.json")
+    ledger.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    page = html(str(run_dir), str(tmp_path / "b.html"))
+    assert "not this batch" not in page
+    assert all("no trajectory inside the run directory" in run["error"] for run in embedded(page)["runs"].values())
+
+
 def test_html_refuses_a_directory_and_comparisons(tmp_path):
     result = subprocess.run(miniswe_cmd("inspect", V2, "--html", str(tmp_path)), capture_output=True, text=True, env=clean_env())
     assert result.returncode == 2 and "is a directory" in result.stderr

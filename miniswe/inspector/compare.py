@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from miniswe.display import visible
 from miniswe.inspector.text import money, plain_table, seconds
 from miniswe.inspector.views import VIEW_VERSION, header_view, run_view
 from miniswe.trajectory import Step, Trajectory
@@ -125,7 +126,7 @@ def trajectories_text(view: dict[str, Any]) -> str:
             lines.append(f"  {side.upper()}  {what}" + (f"   [{result}]" if result else ""))
             if step["output"].strip() and found["reason"] != "the commands differ":
                 lines += [f"     │ {line}" for line in step["output"].rstrip("\n").split("\n")[:8]]
-    return "\n".join(lines) + "\n"
+    return visible("\n".join(lines) + "\n")
 
 
 def runs_text(view: dict[str, Any]) -> str:
@@ -151,7 +152,7 @@ def runs_text(view: dict[str, Any]) -> str:
     for key, label in (("only_in_a", "only in A"), ("only_in_b", "only in B")):
         if view[key]:
             lines.append(f"{label}: " + ", ".join(view[key]))
-    return "\n".join(lines) + "\n"
+    return visible("\n".join(lines) + "\n")
 
 
 def _status(side: dict[str, Any]) -> str:

@@ -60,13 +60,15 @@ def batch_page(run_dir: str) -> str:
     from miniswe.foreign import load_any
 
     view = run_view(run_dir)
+    inside = os.path.realpath(run_dir) + os.sep
     runs: dict[str, Any] = {}
     for row in view["rows"]:
-        if not row["trajectory"]:
-            runs[row["id"]] = {"error": "the ledger names no trajectory for this task"}
+        path = os.path.realpath(os.path.join(run_dir, row["trajectory"] or ""))
+        if not row["trajectory"] or not path.startswith(inside):  # a page shows this batch's files, nothing else
+            runs[row["id"]] = {"error": f"the ledger names no trajectory inside the run directory ({row['trajectory']!r})"}
             continue
         try:
-            runs[row["id"]] = run_data(load_any(os.path.join(run_dir, row["trajectory"])))
+            runs[row["id"]] = run_data(load_any(path))
         except Exception as error:  # noqa: BLE001 - one unreadable file must not lose the page of the others
             runs[row["id"]] = {"error": f"{row['trajectory']}: {error}"}
     return render(f"miniswe batch · {os.path.basename(view['path'])}", {"kind": "batch", "batch": view, "runs": runs})

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from typing import Any
 
+from miniswe.display import visible
+
 LABEL = 10  # width of the header's labels
 
 
@@ -112,9 +114,8 @@ def plain_trajectory(view: dict[str, Any], *, full: bool) -> str:
             out.append(f"({label})")
         if body:
             out.append(_prefixed("│ ", body.rstrip("\n")))
-    header = view["header"]
-    out += _ending(header)
-    return "\n".join(out) + "\n"
+    out += _ending(view["header"])
+    return visible("\n".join(out) + "\n")
 
 
 def _ending(header: dict[str, Any]) -> list[str]:
@@ -152,7 +153,7 @@ RUN_HEAD = ["id", "exit status", "resolved", "steps", "tokens", "cost", "wall"]
 
 def run_cells(row: dict[str, Any]) -> list[str]:
     resolved = {True: "yes", False: "no", None: "—"}[row["resolved"]]
-    return [row["id"], row["exit_status"], resolved, str(row["steps"]), f"{row['tokens']:,}", money(row["cost"]),
+    return [visible(row["id"]), visible(row["exit_status"]), resolved, str(row["steps"]), f"{row['tokens']:,}", money(row["cost"]),
             seconds(row["wall_s"])]
 
 
@@ -177,7 +178,7 @@ def plain_run(view: dict[str, Any]) -> str:
         lines.append(plain_table([RUN_HEAD] + [run_cells(r) for r in view["rows"]], right={3, 4, 5, 6}))
     else:
         lines.append("no task matches" if view["totals"]["tasks"] else "no task has finished yet")
-    return "\n".join(lines) + "\n"
+    return visible("\n".join(lines) + "\n")
 
 
 # -- rich, on a terminal ---------------------------------------------------------------------------------------------
@@ -220,6 +221,7 @@ class _Painter:
     def __call__(self, text: str, style: str) -> str:
         from rich.style import Style
 
+        text = visible(text)
         if not style or not text:
             return text
         render = Style.parse(style).render
@@ -246,7 +248,7 @@ def rich_trajectory(view: dict[str, Any], *, full: bool) -> str:
     grid.add_column()
     for label, value in header_rows(view["header"]):
         style = _status_style(view["header"]["exit_status"]) if label == "exit" else "yellow" if label in ("missing", "note") else ""
-        grid.add_row(label, Text(value, style=style))
+        grid.add_row(label, Text(visible(value), style=style))
     console.print(grid)
     paint = _Painter()
     width = console.width
