@@ -165,7 +165,7 @@ def report(
 
 @app.command("inspect")
 def inspect_command(
-    paths: Annotated[list[str], typer.Argument(metavar="TRAJ|RUN_DIR [B]",
+    paths: Annotated[list[str], typer.Argument(metavar="TRAJ|RUN_DIR...",
                                                help="A trajectory (miniswe or mini-swe-agent) or a batch run directory; two to compare.")],
     step: Annotated[Optional[int], typer.Option("--step", help="Show only step N.")] = None,
     steps: Annotated[Optional[str], typer.Option("--steps", help="Show steps A:B (inclusive; :B and A: too).")] = None,

@@ -13,14 +13,13 @@ from __future__ import annotations
 import ast
 import json
 import re
-import time
 from typing import Any
 
 from miniswe.errors import RecordError, TrajectoryError
 from miniswe.protocol import FormatError, parse_command, thought_of
 from miniswe.redaction import Secrets, masked_config, secret_entries
 from miniswe.status import ExitStatus, Outcome
-from miniswe.trajectory import FORMAT, VERSION, Message, Step, Trajectory, read_document, upgrade
+from miniswe.trajectory import FORMAT, VERSION, Message, Step, Trajectory, iso_time, read_document, upgrade
 from miniswe.usage import Usage, figure
 
 REFERENCE_FORMATS = ("mini-swe-agent-1", "mini-swe-agent-1.1")
@@ -82,7 +81,7 @@ def from_mini_swe_agent(data: Any, path: str) -> ConvertedTrajectory:
     data = _without_secrets(data)
     listed = isinstance(data, list)
     source = MESSAGE_LIST if listed else data["trajectory_format"]
-    info = {} if listed else (data.get("info") if isinstance(data.get("info"), dict) else {})
+    info = {} if listed else _mapping(data, "info")
     raw = data if listed else data["messages"]
     return _Converter(path, source, info, [m for m in raw if isinstance(m, dict)]).convert()
 
@@ -90,9 +89,8 @@ def from_mini_swe_agent(data: Any, path: str) -> ConvertedTrajectory:
 def _without_secrets(data: Any) -> Any:
     """The reference masked nothing: the values of secret-looking settings in its config (an `api_key` in
     `model_kwargs`, a `GITHUB_TOKEN` in the environment) are masked wherever they appear, as miniswe records them."""
-    info = data.get("info") if isinstance(data, dict) else None
-    config = info.get("config") if isinstance(info, dict) else None
-    if not isinstance(config, dict):
+    config = _mapping(_mapping(data, "info"), "config")
+    if not config:
         return data
     secrets = Secrets()
     for dotted, value in secret_entries(config):
@@ -103,10 +101,10 @@ def _without_secrets(data: Any) -> Any:
 class _Converter:
     def __init__(self, path: str, source: str, info: dict[str, Any], raw: list[dict[str, Any]]):
         self.path, self.source, self.info, self.raw = path, source, info, raw
-        self.config = info.get("config") if isinstance(info.get("config"), dict) else {}
+        self.config = _mapping(info, "config")
         self.missing: set[str] = set()
         self.notes: list[str] = []
-        self.markers: list[tuple[int, str]] = []
+        self.markers: list[str] = []  # submit markers the commands printed, in order
         self.usage_seen = {"tokens": 0, "cost": 0, "calls": 0}
         exits = [_extra(m) for m in raw if m.get("role") == "exit"]
         self.ending = exits[-1] if exits else info  # where the run's end is: 1.1's exit message, or `info`
@@ -147,10 +145,11 @@ class _Converter:
             steps.append(self.step(number, message, observations, last=i >= len(self.raw), last_reply=last_reply))
         outcome = self.outcome(steps)
         self.note_usage()
+        config, environment, model = masked_config(self.miniswe_config()), self.environment(), self.model()
         stamps = [m.timestamp for m in messages if m.timestamp]
         if not stamps:
             self.missing.add("timing")
-        document = {
+        document = {  # everything that adds to self.missing has run: metadata lists it whole
             "format": FORMAT, "version": VERSION, "task": task,
             "exit_status": str(outcome.status) if outcome else None,
             "exit_detail": outcome.detail if outcome else None,
@@ -158,7 +157,7 @@ class _Converter:
             "usage": self.usage(steps).to_dict(),
             "timing": {"started": stamps[0] if stamps else None, "ended": stamps[-1] if stamps else None,
                        "wall_s": _seconds_between(self.raw)},
-            "config": masked_config(self.miniswe_config()), "environment": self.environment(), "model": self.model(),
+            "config": config, "environment": environment, "model": model,
             "metadata": {"converted_from": {"format": self.source, "mini_version": self.info.get("mini_version"),
                                             "not_recorded": sorted(self.missing), "notes": self.notes}},
             "messages": [m.to_dict() for m in messages], "steps": [s.to_dict() for s in steps],
@@ -172,6 +171,7 @@ class _Converter:
     # -- one step: an assistant message and the observation(s) after it ---------------------------------------
     def step(self, number: int, reply: dict[str, Any], observations: list[dict[str, Any]], *, last: bool,
              last_reply: bool = False) -> Step:
+        """`last`: nothing was recorded after these observations; `last_reply`: no reply came after this one."""
         content = _text(reply.get("content"))
         extra = _extra(reply)
         call = {"thought": thought_of(content), "usage": self.step_usage(extra),
@@ -190,7 +190,7 @@ class _Converter:
                     return Step(number, format_error=error.kind, **call)
                 commands = [found[0].strip()]
         command = "\n".join(commands)
-        self.markers += [(number, m) for m in SUBMIT_MARKERS if m in command]
+        self.markers += [m for m in SUBMIT_MARKERS if m in command]
         if len(commands) > 1:
             self.notes.append(f"step {number}: {len(commands)} tool calls in one reply, shown as one step")
         if not observations:  # the run ended before an observation: 1.1 puts a submission in its exit message
@@ -251,8 +251,7 @@ class _Converter:
 
     def step_usage(self, extra: dict[str, Any]) -> Usage:
         usage = Usage(model_calls=1)
-        response = extra.get("response") if isinstance(extra.get("response"), dict) else {}
-        reported = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+        reported = _mapping(_mapping(extra, "response"), "usage")
         prompt = figure(reported.get("prompt_tokens", reported.get("input_tokens")))
         completion = figure(reported.get("completion_tokens", reported.get("output_tokens")))
         cost = figure(extra.get("cost"))
@@ -306,7 +305,7 @@ class _Converter:
         total = Usage()
         for step in steps:
             total.add(step.usage)
-        stats = self.info.get("model_stats") if isinstance(self.info.get("model_stats"), dict) else {}
+        stats = _mapping(self.info, "model_stats")
         calls, cost = figure(stats.get("api_calls")), figure(stats.get("instance_cost"))
         if calls is not None:
             total.model_calls = int(calls)
@@ -315,33 +314,31 @@ class _Converter:
         return total
 
     def model(self) -> dict[str, Any]:
-        settings = self.config.get("model") if isinstance(self.config.get("model"), dict) else {}
-        name = settings.get("model_name") or self.info.get("model_name")
+        name = _mapping(self.config, "model").get("model_name") or self.info.get("model_name")
         if not name:
             self.missing.add("model")
         return {"kind": self.config.get("model_type") or "", "name": name or ""}
 
     def environment(self) -> dict[str, Any]:
-        settings = self.config.get("environment") if isinstance(self.config.get("environment"), dict) else {}
+        settings = _mapping(self.config, "environment")
         described = {"kind": self.config.get("environment_type") or "unknown"}
         described.update({k: settings[k] for k in ("image", "cwd") if settings.get(k)})
         return described
 
     def miniswe_config(self) -> dict[str, Any]:
         """The reference's settings that miniswe has too, under miniswe's keys (config_from_record rebuilds it)."""
-        protocol: dict[str, Any] = {"action_tags": _action_tags(self.config.get("model") or {})}
+        protocol: dict[str, Any] = {"action_tags": _action_tags(_mapping(self.config, "model"))}
         if self.markers:  # the marker of the last command that printed one: what this run submitted with
-            protocol["submit_marker"] = self.markers[-1][1]
+            protocol["submit_marker"] = self.markers[-1]
         if not self.config:
             self.missing.add("config")
             return {"protocol": protocol}
-        agent = self.config.get("agent") if isinstance(self.config.get("agent"), dict) else {}
-        env = self.config.get("environment") if isinstance(self.config.get("environment"), dict) else {}
-        model = self.config.get("model") if isinstance(self.config.get("model"), dict) else {}
+        agent, env, model = (_mapping(self.config, section) for section in ("agent", "environment", "model"))
         config: dict[str, Any] = {"agent": {}, "protocol": protocol, "environment": {}, "model": {"kind": "openai"}}
         for ours, theirs in (("step_limit", "step_limit"), ("cost_limit", "cost_limit"), ("time_limit", "wall_time_limit_seconds")):
-            if isinstance(figure(agent.get(theirs)), float) and figure(agent.get(theirs)) >= 0:
-                config["agent"][ours] = int(agent[theirs]) if ours == "step_limit" else float(agent[theirs])
+            value = figure(agent.get(theirs))
+            if value is not None and value >= 0:
+                config["agent"][ours] = int(value) if ours == "step_limit" else value
         kind = str(self.config.get("environment_type") or "")
         config["environment"]["kind"] = "docker" if "docker" in kind.lower() or env.get("image") else "local"
         if config["environment"]["kind"] == "docker" and env.get("image"):
@@ -435,17 +432,20 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def _mapping(data: Any, key: str) -> dict[str, Any]:
+    """data[key] when it is a mapping, else an empty one: the reference's files vary in what they hold."""
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
 def _extra(message: dict[str, Any]) -> dict[str, Any]:
     """1.1's per-message `extra` mapping; empty in the older shapes."""
-    extra = message.get("extra")
-    return extra if isinstance(extra, dict) else {}
+    return _mapping(message, "extra")
 
 
 def _timestamp(message: dict[str, Any]) -> str:
     stamp = figure(_extra(message).get("timestamp"))
-    if stamp is None:
-        return ""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp * 1000) % 1000:03d}Z"
+    return "" if stamp is None else iso_time(stamp)
 
 
 def _seconds_between(raw: list[dict[str, Any]]) -> float | None:

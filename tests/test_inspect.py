@@ -211,7 +211,17 @@ def test_divergence_by_output_and_by_an_early_end_and_a_different_task(cli, tmp_
     result = cli("inspect", _variant(tmp_path, "c.json", shorter), V2)
     assert "first divergence at step 5: A ended after step 4" in result.stdout
     assert "  A  (no step 5: the run had ended)" in result.stdout
-    assert "warning: the two trajectories are of different tasks" in result.stderr
+    assert "warning: the two runs are of different tasks" in result.stdout and result.stderr == ""
+    as_json = cli("inspect", _variant(tmp_path, "c.json", shorter), V2, "--json")
+    assert "warning: the two trajectories are of different tasks" in as_json.stderr
+
+
+def test_reference_runs_compare_too(cli):
+    a, b = (str(REFERENCE / name) for name in ("mini-swe-agent-1-submitted.traj.json", "mini-swe-agent-list-format.traj.json"))
+    result = cli("inspect", a, b)
+    assert result.returncode == 0, result.stderr
+    assert "first divergence at step 2: the same command printed different output" in result.stdout
+    assert re.search(r"^tokens\s+—\s+—$", result.stdout, re.M), "tokens not recorded, not 0"
 
 
 def test_two_run_directories_per_task_changes(cli, tmp_path):

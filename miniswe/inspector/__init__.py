@@ -114,7 +114,7 @@ def _compare(paths: list[str], kinds: list[str], options: InspectOptions) -> Non
 
         view = compare.compare_trajectories(load_any(paths[0]), load_any(paths[1]))
         rendered = compare.trajectories_text(view)
-        if not view["same_task"]:
+        if not view["same_task"] and options.json:  # the text says so itself
             print("miniswe: warning: the two trajectories are of different tasks", file=sys.stderr)
     if options.json:
         return _print_json(view)

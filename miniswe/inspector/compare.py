@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from miniswe.display import visible
-from miniswe.inspector.text import money, plain_table, seconds
+from miniswe.inspector.text import count, money, plain_table, seconds
 from miniswe.inspector.views import VIEW_VERSION, header_view, run_view
 from miniswe.trajectory import Step, Trajectory
 
@@ -107,7 +107,7 @@ def trajectories_text(view: dict[str, Any]) -> str:
         for label, key, fmt in (
             ("exit status", "exit_status", lambda v: v or "unfinished"), ("resolved", "resolved", lambda v: resolved[v]),
             ("model", "model", str), ("steps", "steps", str), ("format errors", "format_errors", str),
-            ("tokens", "tokens", lambda v: f"{v:,}"), ("cost", "cost", money), ("wall time", "wall_s", seconds),
+            ("tokens", "tokens", count), ("cost", "cost", money), ("wall time", "wall_s", seconds),
         )
     ]
     lines += ["", plain_table(rows, right=set()), ""]
