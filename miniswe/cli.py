@@ -265,6 +265,38 @@ def report(
     print(json.dumps(numbers, indent=2) if as_json else render_markdown(numbers, records, run, os.path.abspath(run_dir)))
 
 
+@app.command("inspect")
+def inspect_command(
+    paths: Annotated[list[str], typer.Argument(metavar="TRAJ|RUN_DIR...",
+                                               help="A trajectory (miniswe or mini-swe-agent) or a batch run directory; two to compare.")],
+    step: Annotated[Optional[int], typer.Option("--step", help="Show only step N.")] = None,
+    steps: Annotated[Optional[str], typer.Option("--steps", help="Show steps A:B (inclusive; :B and A: too).")] = None,
+    errors: Annotated[bool, typer.Option("--errors", help="Show only format errors, timeouts, aborted steps and non-zero exits.")] = False,
+    full: Annotated[bool, typer.Option("--full", help="Show each output as stored, not as the model saw it.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the view as JSON (nothing else on stdout).")] = False,
+    html: Annotated[Optional[str], typer.Option("--html", metavar="OUT.html", help="Write one self-contained HTML page instead.")] = None,
+    sort: Annotated[Optional[str], typer.Option("--sort", metavar="COLUMN", help="Run directory: sort by id, status, resolved, steps, tokens, cost or wall (numbers largest first).")] = None,
+    status: Annotated[Optional[str], typer.Option("--status", metavar="S", help="Run directory: only tasks with these exit statuses (comma-separated).")] = None,
+    no_pager: Annotated[bool, typer.Option("--no-pager", help="Never page the output on a terminal.")] = False,
+) -> None:
+    """Show a recorded run or a batch, or compare two.
+
+    A trajectory: header, then each step (thought, command, output, return code, duration). A run directory:
+    one row per task. Two of either: where they differ. --html writes a page to open in a browser.
+    """
+    from miniswe.errors import MinisweError
+    from miniswe.inspector import InspectOptions, inspect_paths
+
+    options = InspectOptions(step=step, steps=steps, errors=errors, full=full, json=as_json, html=html, sort=sort,
+                             status=status, pager=not no_pager)
+    try:
+        inspect_paths(paths, options)
+    except MinisweError as error:
+        fail(error)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
 @app.command()
 def merge(
     run_dirs: Annotated[list[str], typer.Argument(help="Run directories of the shards.")],

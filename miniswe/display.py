@@ -14,6 +14,17 @@ from miniswe.trajectory import Step, Trajectory
 PREVIEW_LINES = 8
 
 
+# Control characters a recorded output may hold (ESC starts sequences that recolour, retitle or even write the
+# clipboard of the terminal showing it), as visible symbols: C0 as its Control Picture, DEL and C1 as \xNN.
+_VISIBLE = {**{code: chr(0x2400 + code) for code in range(32) if chr(code) not in "\t\n"}, 0x7F: "\u2421",
+            **{code: f"\\x{code:02x}" for code in range(0x80, 0xA0)}}
+
+
+def visible(text: str) -> str:
+    """`text` safe to print on a terminal: line breaks and tabs kept, every other control character shown."""
+    return text.replace("\r\n", "\n").translate(_VISIBLE)
+
+
 def trimmed(text: str, lines: int = PREVIEW_LINES) -> str:
     rows = text.rstrip("\n").splitlines()
     if len(rows) <= lines:
@@ -38,11 +49,16 @@ def summary_line(trajectory: Trajectory, resolved: bool | None = None) -> str:
 
 
 def step_status(step: Step) -> str:
+    """How a step ended, in a few words: a format error, a refused or cut-short command, a timeout, or its return code."""
+    if step.format_error:
+        return f"format error ({step.format_error})"
     if step.refused:
         return "refused"
     if step.aborted:
         return f"aborted ({step.aborted})"
-    return "timed out" if step.timed_out else f"rc={step.returncode}"
+    if step.timed_out:
+        return "timed out"
+    return "rc=?" if step.returncode is None else f"rc={step.returncode}"  # ? : a format that did not record it
 
 
 class PlainDisplay:

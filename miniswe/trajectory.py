@@ -27,8 +27,13 @@ VERSION = 2
 COMMAND_TAIL = 2000
 
 
+def iso_time(seconds: float) -> str:
+    """A Unix time as the UTC ISO 8601 text trajectories record, to the millisecond."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds * 1000) % 1000:03d}Z"
+
+
 def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+    return iso_time(time.time())
 
 
 @dataclass(frozen=True)
@@ -350,6 +355,8 @@ def read_document(path: str) -> Any:
         raise TrajectoryError(f"{path}: not UTF-8 text; is it a trajectory file?") from None
     except ValueError as error:
         raise TrajectoryError(f"{path}: not valid JSON ({error}); is it a trajectory file?") from None
+    except RecursionError:
+        raise TrajectoryError(f"{path}: JSON nested too deeply to read; is it a trajectory file?") from None
 
 
 def upgrade(data: Any, path: str) -> dict[str, Any]:

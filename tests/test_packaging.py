@@ -21,6 +21,7 @@ def test_wheel_install_runs_help_and_a_full_scripted_run(tmp_path):
     assert build.returncode == 0, build.stderr[-2000:]
     assert (target / "miniswe" / "config" / "default.yaml").is_file()
     assert (target / "miniswe" / "templates" / "system.j2").is_file()
+    assert (target / "miniswe" / "inspector" / "page.js").is_file() and (target / "miniswe" / "inspector" / "page.css").is_file()
 
     env = clean_env()
     env["PYTHONPATH"] = str(target)  # the installed copy only, not the checkout
@@ -39,6 +40,9 @@ def test_wheel_install_runs_help_and_a_full_scripted_run(tmp_path):
     assert run.returncode == 0, run.stderr
     data = json.loads((outside / "t.json").read_text())
     assert data["steps"][0]["output"] == "installed-ok\n"
+    page = subprocess.run([sys.executable, "-m", "miniswe", "inspect", "t.json", "--html", "t.html"],
+                          capture_output=True, text=True, env=env, cwd=outside, timeout=60)
+    assert page.returncode == 0 and "installed-ok" in (outside / "t.html").read_text(), page.stderr
     import miniswe
 
     assert os.path.dirname(miniswe.__file__) != str(target / "miniswe")
