@@ -258,3 +258,48 @@ def test_human_mode_runs_what_the_person_types_and_the_model_sees_it(terminals, 
     assert "the person typed this command" in sent[1]["content"] and "ok" in sent[2]["content"]
     step = autosave(home)["steps"][0]
     assert step["command"] == "echo typed by me > mine.txt && echo ok" and step["usage"]["total_tokens"] == 0
+
+
+def test_without_prompt_toolkit_readline_edits_and_says_how_to_get_it(terminals, server, home, work, tmp_path):
+    hidden = tmp_path / "hidden" / "prompt_toolkit"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    server.push(act("true"), SUBMIT)
+    term = start(terminals, server, home, work, "--mode", "yolo", rows=12, cols=40,
+                 PYTHONPATH=f"{hidden.parent}{os.pathsep}{clean_env()['PYTHONPATH']}")
+    assert "pip install 'miniswe[chat]'" in term.text()
+    words = " ".join(f"w{i:02d}" for i in range(36))
+    term.type(words)
+    term.pump(0.5)
+    full = "[yolo]> " + words
+    rows = [full[i:i + 40].rstrip() for i in range(0, len(full), 40)]
+    display = term.display()
+    top = max(i for i, line in enumerate(display) if line.startswith("[yolo]> "))
+    assert display[top:top + len(rows)] == rows  # the prompt's colour codes are not counted as columns
+    term.send(b"\x0a")
+    term.type("and more")
+    term.send("\r")
+    term.wait_for(r"done \(submitted\)")
+    assert autosave(home)["task"] == words + "\nand more"
+    term.wait_prompt(PROMPT)
+    term.send(b"\x04")
+    assert term.wait_exit() == 0
+
+
+def test_sigterm_at_the_prompt_or_during_a_turn_leaves_after_saving(terminals, server, home, work):
+    import signal
+    import time
+
+    term = start(terminals, server, home, work)
+    os.kill(term.pid, signal.SIGTERM)
+    assert term.wait_exit() == 143
+    server.push(act("echo working; sleep 30"))
+    term = start(terminals, server, home, work, "--mode", "yolo")
+    say(term, "work")
+    term.wait_for(r"\$ echo working")
+    term.pump(1.0)
+    started = time.monotonic()
+    os.kill(term.pid, signal.SIGTERM)
+    assert term.wait_exit() == 143 and time.monotonic() - started < 10
+    step = autosave(home)["steps"][0]
+    assert step["aborted"] == "SIGTERM" and step["output"] == "working\n"

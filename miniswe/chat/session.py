@@ -67,6 +67,9 @@ class ChatSession:
         self.trajectory.begin_turn()
         try:
             outcome = self.agent.turn(text)
+        except KeyboardInterrupt as error:
+            outcome = outcome_of(error, self.stop.outcome)
+            self._renew_environment()
         except BaseException as error:
             outcome = outcome_of(error, self.stop.outcome)
         self._end(outcome)
@@ -77,6 +80,9 @@ class ChatSession:
         self._begin("command", command)
         try:
             outcome = self.agent.act(command)
+        except KeyboardInterrupt as error:
+            outcome = outcome_of(error, self.stop.outcome)
+            self._renew_environment()
         except BaseException as error:
             outcome = outcome_of(error, self.stop.outcome)
         self._end(outcome)
@@ -229,6 +235,16 @@ class ChatSession:
             if system is not None:
                 context.insert(0, {"role": "system", "content": system.content})
         return context
+
+    def _renew_environment(self) -> None:
+        """A third Ctrl-C (the escape hatch for a turn stuck where no canceller reaches) is raised wherever the turn
+        was, perhaps inside the environment: a new one is started rather than trust its state. A local one
+        keeps its working directory; a container starts afresh."""
+        close_environment(self.env, self.trajectory)
+        self.env = open_environment(self.config, self.trajectory, run_id=self.trajectory.metadata["run_id"],
+                                    stop=self.stop)
+        self.agent.env = self.env
+        self.notify("the environment was restarted after a forced stop")
 
     def _on_retry(self, message: str) -> None:
         self.trajectory.add_usage(Usage(retries=1))
