@@ -11,10 +11,10 @@ import threading
 import pytest
 
 from conftest import SUBMIT, act, clean_env, miniswe_cmd
-from terminal import Terminal
 
-pytest.importorskip("pyte")
+pytest.importorskip("pyte")  # the test extra installs both
 pytest.importorskip("prompt_toolkit")
+from terminal import Terminal  # noqa: E402
 
 PROMPT = r"\[(confirm|yolo|human)\]>"
 
@@ -303,3 +303,30 @@ def test_sigterm_at_the_prompt_or_during_a_turn_leaves_after_saving(terminals, s
     assert term.wait_exit() == 143 and time.monotonic() - started < 10
     step = autosave(home)["steps"][0]
     assert step["aborted"] == "SIGTERM" and step["output"] == "working\n"
+
+
+def test_ctrl_c_while_the_model_streams_or_thinks_cuts_the_call_and_the_session_goes_on(terminals, server, home, work):
+    import time
+
+    server.push({"content": act("echo never"), "reasoning_content": "let me think about this for a long while",
+                 "stall_after": 6}, {"content": act("echo x"), "latency": 60}, SUBMIT)
+    term = start(terminals, server, home, work, "--mode", "yolo", "-c", "model.stream=true")
+    say(term, "think")
+    term.wait_for("--- reasoning ---")
+    term.pump(0.5)
+    started = time.monotonic()
+    term.send(b"\x03")  # mid-stream
+    term.wait_for("Interrupted")
+    term.wait_prompt(PROMPT)
+    say(term, "think again")
+    term.wait_for(r"\.\.\.requesting\.\.\.", count=2)
+    term.pump(0.5)
+    term.send(b"\x03")  # waiting for an answer that is slow to come
+    term.wait_for("Interrupted", count=2)
+    assert time.monotonic() - started < 15
+    term.wait_prompt(PROMPT)
+    say(term, "now submit")
+    term.wait_for(r"done \(submitted\)")
+    data = autosave(home)
+    assert [t["exit_status"] for t in data["session"]["turns"]] == ["Interrupted", "Interrupted", "Submitted"]
+    assert len(data["steps"]) == 1  # the cut calls left no step; the conversation went on

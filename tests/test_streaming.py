@@ -99,3 +99,21 @@ def test_an_urgent_stop_cuts_a_stream_at_once_and_keeps_what_it_showed(server):
     with pytest.raises(Cancelled):
         client.complete(MESSAGES)
     assert time.monotonic() - started < 5 and len(deltas) == 4  # the four events before the stall
+
+
+def test_run_streams_into_the_same_trajectory(server, tmp_path):
+    from miniswe.runner import run_task
+
+    from replies import SUBMIT
+
+    records = []
+    item = {**ITEM, "content": act("echo listed")}
+    for stream in ("false", "true"):
+        server.push(item, SUBMIT)
+        config = load_config(f"model.base_url={server.base_url}", "model.name=m", f"model.stream={stream}",
+                             f"environment.cwd={tmp_path}")
+        result = run_task(config, "list", str(tmp_path / f"{stream}.traj.json"))
+        assert result.outcome.status.value == "Submitted"
+        records.append([{k: v for k, v in s.to_dict().items() if k not in ("latency_s", "duration_s")}
+                        for s in result.trajectory.steps])
+    assert records[0] == records[1] and records[1][0]["reasoning"] == ITEM["reasoning_content"]

@@ -21,18 +21,21 @@ from miniswe.signals import SignalHandlers, Stop
 from miniswe.status import STOP_SIGNALS, signal_exit_code
 
 HELP = """\
-Type a task and press Enter: the agent works on it until it submits or a limit is hit, then you can go on.
-  Ctrl+J (or Alt+Enter) adds a line; Up/Down browse the history; Ctrl-C stops the running step; Ctrl-D leaves.
-  /mode [confirm|yolo|human]  confirm: you approve each command (y, n + a reason, e to edit it first);
-                              yolo: commands run unattended; human: you type the commands, the model is not called
-  /save           keep this session under its id (sessions are autosaved after every turn too)
-  /list           saved sessions, newest first: id, time, messages, summary
-  /load ID        go on with a saved session (its id, a unique prefix, or autosave)
-  /compact        the model summarises the conversation; it goes on from the summary (the file keeps everything)
-  /clear          the model starts afresh (the file keeps the history)
-  /cost           tokens and cost so far
-  /help           this help
-  /quit           leave (the session is autosaved)"""
+Type a task and press Enter: the agent works on it until it submits or a limit
+is hit, then the conversation goes on with your next message.
+  Enter sends, Ctrl+J (or Alt+Enter) adds a line, Up/Down browse the history,
+  Ctrl-C stops the running step, Ctrl-D (or Ctrl-C on an empty line) leaves.
+  /mode [MODE]  confirm: you approve each command (y; n and a reason for the
+                model; e to edit it first); yolo: commands run unattended;
+                human: you type the commands, the model is not called
+  /save         keep this session under its id (it is autosaved anyway)
+  /list         sessions, newest first: id, time, messages, summary
+  /load ID      go on with a session (its id, a unique prefix, or autosave)
+  /compact      the model summarises the conversation and goes on from that
+  /clear        the model starts afresh (the session file keeps everything)
+  /cost         tokens and cost so far
+  /help         this help
+  /quit         leave (the session is autosaved)"""
 
 COMMANDS = ("save", "list", "load", "compact", "clear", "mode", "cost", "help", "quit", "exit")
 
