@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from miniswe.environments.capture import elision_notice
 from miniswe.errors import SandboxError
 from miniswe.hooks import CommandEvent, Hooks, ModelCall, ReplyEvent, RunEnd, RunStart, StepEvent, load_hooks
 from miniswe.limits import BudgetWarnings, Limits
-from miniswe.models import Model
+from miniswe.models import Model, Reply
 from miniswe.policy import CommandPolicy
 from miniswe.protocol import FormatError, parse_command, submission, thought_of
 from miniswe.repeats import RepeatDetector
@@ -21,6 +20,10 @@ from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome, interrupted
 from miniswe.templates import Renderer, number, prompt_variables
 from miniswe.trajectory import Step, Trajectory, TrajectoryWriter
+from miniswe.usage import Usage
+
+# What the model sees before a command the person typed in chat's human mode, in place of its own thought.
+HUMAN_THOUGHT = "THOUGHT: (the person typed this command and ran it themselves)"
 
 
 def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str, int]:
@@ -40,6 +43,14 @@ def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str,
     shown_tail = limit - shown_head
     view = head[:shown_head] + "\n...\n" + tail[len(tail) - shown_tail :]
     return view, len(head) + len(tail) - limit + capture_elided
+
+
+def _longest_run(text: str, char: str) -> int:
+    longest = run = 0
+    for c in text:
+        run = run + 1 if c == char else 0
+        longest = max(longest, run)
+    return longest
 
 
 class Agent:
@@ -63,6 +74,7 @@ class Agent:
         hooks: Sequence[Any] = (),
         scrub: Callable[[str], str] = lambda text: text,
         notify: Callable[[str], None] = lambda message: None,
+        ask: Callable[[str, str], bool] | None = None,
     ):
         self.config = config
         self.model = model
@@ -78,7 +90,7 @@ class Agent:
         self.variables = prompt_variables(config, env.describe().get("cwd", ""))
         kind = config.environment.kind
         self.hooks = Hooks([
-            CommandPolicy(config.policy, environment_kind=kind),
+            CommandPolicy(config.policy, environment_kind=kind, ask=ask),
             RepeatDetector(config.agent.max_repeats),
             BudgetWarnings(self.limits, trajectory.usage),
             *load_hooks(config.agent.hooks),
@@ -101,24 +113,76 @@ class Agent:
         what it saw, and no call is made again. A command cut short (the run's end, or miniswe's death while it
         ran) is reported to the model as such, not run again behind its back."""
         self._begin()
+        self.load_context([{"role": m.role, "content": m.content} for m in self.trajectory.messages])
+        self.trajectory.save()
+        return self._loop()
+
+    def load_context(self, messages: Sequence[dict[str, str]]) -> None:
+        """Take up a recorded conversation (`messages`: what the model will be sent): a resumed run, a loaded chat
+        session. The format error count is rebuilt, and a command cut short is reported to the model."""
         trajectory = self.trajectory
-        self.messages = [{"role": m.role, "content": m.content} for m in trajectory.messages]
+        self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         self.format_errors = 0
         for step in reversed(trajectory.steps):
             if not step.format_error:
                 break
             self.format_errors += 1
+        self.settle()
+
+    def settle(self) -> None:
+        """Tell the model about the last command if it was cut short and the model has not been told yet (a
+        resumed run, a chat turn after one Ctrl-C stopped, a session cleared)."""
+        trajectory = self.trajectory
         last = trajectory.steps[-1] if trajectory.steps else None
         if trajectory.pending is not None:  # miniswe died while its command ran: what it did is unknown
             last = dataclasses.replace(trajectory.pending, aborted="miniswe stopped", returncode=None)
             self._after(last, lambda: self._observation(last, self.config.environment.timeout))
         elif last and last.aborted and not any(m.step == last.step and m.role == "user" for m in trajectory.messages):
             self._tell(last.step, self._observation(last, self.config.environment.timeout), written=False)
-        trajectory.save()
+
+    def turn(self, task: str) -> Outcome:
+        """A chat turn: the person's message (rendered like a run's task), then the loop until an outcome. Limits
+        count this turn only; the trajectory keeps the session's totals. Hooks see the turn as a run: it starts
+        (with its new messages) and ends (with its outcome)."""
+        self._begin(turn=True)
+        if self.messages:
+            self.settle()
+        first = self._opening()
+        first.append({"role": "user", "content": self.renderer.render("instance.j2", task=task, instance={},
+                                                                      **self.variables)})
+        self.messages += first
+        self.hooks("on_run_start", RunStart(task, first))
         return self._loop()
 
-    def _begin(self) -> None:
-        self.limits.started = time.monotonic()
+    def act(self, command: str) -> Outcome | None:
+        """A step whose command the person typed (chat's human mode): run and recorded like the model's, through
+        the same hooks, and shown to the model in the conversation as typed by the person; no model call is
+        made. The step's outcome: a submission, a stop, or None."""
+        self._begin(turn=True)
+        if self.messages:
+            self.settle()
+        first = self._opening()
+        self.messages += first
+        self.hooks("on_run_start", RunStart(command, first))
+        fence = "`" * max(3, _longest_run(command, "`") + 1)
+        reply = Reply(content=f"{HUMAN_THOUGHT}\n\n{fence}{self.config.protocol.action_tags[0]}\n{command}\n{fence}",
+                      usage=Usage())
+        outcome = None
+        try:
+            outcome = self.stop.outcome or self._answer(len(self.trajectory.steps) + 1, reply, command)
+        finally:
+            if outcome is not None:
+                self.hooks("on_run_end", RunEnd(outcome))
+        return outcome
+
+    def _opening(self) -> list[dict[str, str]]:
+        """The system message, when the conversation has none yet (a chat session's first turn, or after /clear)."""
+        if self.messages:
+            return []
+        return [{"role": "system", "content": self.renderer.render("system.j2", **self.variables)}]
+
+    def _begin(self, *, turn: bool = False) -> None:
+        self.limits.begin(self.trajectory.usage if turn else None)
         self.trajectory.describe(model=self.model.describe())
 
     def _loop(self) -> Outcome:
@@ -137,6 +201,11 @@ class Agent:
         if call.stop:
             return call.stop
         reply = self.model.complete(self.messages, deadline=self.limits.deadline)
+        return self._answer(number_, reply)
+
+    def _answer(self, number_: int, reply: Reply, command: str | None = None) -> Outcome | None:
+        """The rest of a step, once its reply is in: parse it (unless the person gave the `command`), ask the
+        hooks, run the command, observe."""
         self.messages.append({"role": "assistant", "content": reply.content})
         self.hooks("after_reply", ReplyEvent(number_, reply))
         made = {"thought": thought_of(reply.content), "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
@@ -144,7 +213,8 @@ class Agent:
         try:
             if reply.finish_reason == "length":
                 raise FormatError("truncated", "the reply was cut off at the token limit (finish_reason=length)")
-            command = parse_command(reply.content, self.config.protocol.action_tags)
+            if command is None:
+                command = parse_command(reply.content, self.config.protocol.action_tags)
         except FormatError as error:
             return self._reject(Step(number_, format_error=error.kind, **made), error)
         self.format_errors = 0

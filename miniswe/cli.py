@@ -138,6 +138,47 @@ def _report_end(result, display, summary_line) -> NoReturn:
 
 
 @app.command()
+@with_flags(*RUN_FLAGS)
+def chat(
+    config: ConfigOpt = [],
+    mode: Annotated[str, typer.Option("--mode", metavar="confirm|yolo|human", help="confirm: approve each command (default); yolo: run them unattended; human: type the commands yourself. /mode switches.")] = "confirm",
+    *,
+    flags: dict,
+) -> None:
+    """Work with the agent at a terminal: each message is a task, the conversation goes on.
+
+    Approve, refuse or edit commands (--mode), save and load sessions (/save, /list, /load), /help for the rest.
+    Sessions live in ~/.miniswe (or $MINISWE_HOME). Exit codes: 0 left normally, 2 bad input, 3 the environment
+    or model could not start, 129/143 ended by SIGHUP/SIGTERM.
+    """
+    from miniswe.errors import MinisweError, UsageError
+
+    try:
+        from miniswe.chat.approval import MODES
+
+        if mode not in MODES:
+            raise UsageError(f"--mode {mode}: choose one of {', '.join(MODES)}")
+        from miniswe.output import add_secrets
+        from miniswe.redaction import run_secrets
+        from miniswe.runner import check_ready
+
+        cfg = resolve_config(config, flags)
+        add_secrets(run_secrets(cfg))
+        cwd = cfg.environment.cwd
+        if cfg.environment.kind == "local" and cwd and not os.path.isdir(cwd):
+            where = f"--cwd {cwd}" if flags["cwd"] else f"environment.cwd: {cwd}"
+            raise UsageError(f"{where}: no such directory; create it or give an existing one")
+        renderer = check_ready(cfg)
+        _warn_orphans(cfg)
+        from miniswe.chat.repl import chat as run_chat
+
+        code = run_chat(cfg, mode, renderer)
+    except MinisweError as error:
+        fail(error)
+    raise typer.Exit(code)
+
+
+@app.command()
 @with_flags(*BATCH_FLAGS)
 def batch(
     tasks: Annotated[str, typer.Argument(help="Task file: YAML/JSON list or JSONL (also SWE-bench instances).")],

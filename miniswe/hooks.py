@@ -2,13 +2,14 @@
 
 Six moments, each an event object passed to every hook that has the method (all are optional):
 
-    on_run_start(RunStart)          the run begins; its first messages (system, task)
+    on_run_start(RunStart)          the run begins; its first messages (system, task). In chat, each turn
+                                    begins so: the person's message (a command, in human mode)
     before_model_call(ModelCall)    may set `stop` to end the run instead of calling the model
     after_reply(ReplyEvent)         the model's reply, before it is parsed
     before_command(CommandEvent)    may rewrite `command`, or set `veto` to a reason: the approval gate
     after_command(StepEvent)        the step as recorded (a format error too); may add `warnings` to what the
                                     model is told, or set `stop`
-    on_run_end(RunEnd)              the run's outcome
+    on_run_end(RunEnd)              the run's outcome (in chat, the turn's)
 
 The trajectory writer, the console display, batch progress, loop detection, the command policy and the
 interactive approval modes are all hooks: nothing else observes or steers the loop. Third-party hooks are
@@ -32,8 +33,8 @@ EVENTS = ("on_run_start", "before_model_call", "after_reply", "before_command", 
 
 @dataclass
 class RunStart:
-    task: str
-    messages: list[dict[str, Any]]  # role, content, step: the messages the run starts with
+    task: str  # the task; in chat, the turn's message (or the command a person typed)
+    messages: list[dict[str, Any]]  # role, content, step: the messages the run (or turn) adds before its first step
 
 
 @dataclass

@@ -25,9 +25,17 @@ class BudgetWarnings:
 
 
 class Limits:
+    """A run's limits. They count from `begin`: the whole run's usage, or (a chat turn) what was used since."""
+
     def __init__(self, agent: object, started: float | None = None):
         self.agent = agent
         self.started = time.monotonic() if started is None else started
+        self.baseline = Usage()  # the usage before this run (or turn) began: not counted against its limits
+
+    def begin(self, baseline: Usage | None = None) -> None:
+        """Start counting now; `baseline` is the usage that does not count (a chat session's earlier turns)."""
+        self.started = time.monotonic()
+        self.baseline = baseline.copy() if baseline is not None else Usage()
 
     @property
     def deadline(self) -> float | None:
@@ -44,7 +52,7 @@ class Limits:
 
     def reached(self, usage: Usage) -> Outcome | None:
         """The limit that ends the run before its next model call, if any."""
-        agent = self.agent
+        agent, usage = self.agent, usage.since(self.baseline)
         if agent.step_limit and usage.model_calls >= agent.step_limit:
             return Outcome(ExitStatus.LIMITS_EXCEEDED, f"step_limit: {agent.step_limit} model calls")
         if agent.token_limit and usage.total_tokens >= agent.token_limit:
@@ -60,6 +68,7 @@ class Limits:
         agent, share = self.agent, self.agent.budget_warning
         if not share:
             return []
+        usage = usage.since(self.baseline)
         found = []
         if agent.step_limit and agent.step_limit - usage.model_calls <= share * agent.step_limit:
             found.append(f"{agent.step_limit - usage.model_calls} of {agent.step_limit} model calls")

@@ -47,6 +47,10 @@ class GuardedStream(io.TextIOBase):
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self.stream, "encoding", "utf-8")
 
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "errors", None) or "strict"  # input() needs it to use readline on a terminal
+
     def writable(self) -> bool:
         return True
 

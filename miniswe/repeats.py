@@ -15,6 +15,10 @@ class RepeatDetector:
         self.last: tuple | None = None
         self.count = 0
 
+    def on_run_start(self, event) -> None:
+        """A new run, or a chat turn: the person spoke, so repeating an earlier command is not going in circles."""
+        self.last, self.count = None, 0
+
     def after_command(self, event) -> None:
         step = event.step
         if not self.limit or step.command is None:

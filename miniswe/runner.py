@@ -146,35 +146,17 @@ def _drive(
     run_id: str,
     evaluate: Sequence[str],
     secrets: Secrets,
-    renderer: Renderer | None = None,
-    model: Model | None = None,
-    gate: CallGate | None = None,
     stop: Stop | None = None,
-    hooks: Sequence[Any] = (),
-    notify: Callable[[str], None] = lambda message: None,
+    **services: Any,
 ) -> RunResult:
     """Build the environment and the model, `start` the loop, evaluate, clean up: the one place where whatever
-    escapes a run becomes its outcome."""
+    escapes a run becomes its outcome. `services`: see `make_agent`."""
     stop = stop or Stop()
     env: Environment | None = None
     resolved = diverged = None
-
-    def on_retry(message: str) -> None:
-        trajectory.add_usage(Usage(retries=1))  # counted as it happens: a run stopped mid-wait keeps its count
-        notify(message)
-
     try:
-        env = build_environment(config.environment, run_id=run_id, stop=stop, confine=config.policy.confine,
-                                hidden_env=[getattr(config.model, "api_key_env", "")])
-        described = env.describe()
-        trajectory.describe(environment=described)
-        for notice in described.get("notices", ()):  # e.g. a docker image that falls back to exec-per-step
-            trajectory.warn(notice)
-            notify(f"notice: {notice}")
-        model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,
-                                     calls_made=trajectory.usage.model_calls)
-        agent = Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
-                      stop=stop, hooks=hooks, scrub=secrets.scrub, notify=notify)
+        env = open_environment(config, trajectory, run_id=run_id, stop=stop, notify=services.get("notify", lambda m: None))
+        agent = make_agent(config, trajectory, env, secrets=secrets, stop=stop, **services)
         outcome = start(env, agent, stop)
         if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
             resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
@@ -193,13 +175,59 @@ def _drive(
         outcome = outcome_of(error, stop.outcome)
     finally:
         if env is not None:
-            try:
-                env.close()
-            except Exception as error:  # a failed cleanup must not hide the run's own outcome
-                trajectory.warn(f"environment cleanup failed: {error}")
+            close_environment(env, trajectory)
     trajectory.finish(outcome)
     trajectory.save()
     return RunResult(outcome, trajectory, resolved, diverged)
+
+
+def open_environment(config: Config, trajectory: Trajectory, *, run_id: str, stop: Stop,
+                     notify: Callable[[str], None] = lambda message: None) -> Environment:
+    """The run's environment, described in its trajectory (with its notices: a docker image that falls back
+    to exec-per-step, unsafe run_args allowed)."""
+    env = build_environment(config.environment, run_id=run_id, stop=stop, confine=config.policy.confine,
+                            hidden_env=[getattr(config.model, "api_key_env", "")])
+    described = env.describe()
+    trajectory.describe(environment=described)
+    for notice in described.get("notices", ()):
+        trajectory.warn(notice)
+        notify(f"notice: {notice}")
+    return env
+
+
+def close_environment(env: Environment, trajectory: Trajectory) -> None:
+    try:
+        env.close()
+    except Exception as error:  # a failed cleanup must not hide the run's own outcome
+        trajectory.warn(f"environment cleanup failed: {error}")
+
+
+def make_agent(
+    config: Config,
+    trajectory: Trajectory,
+    env: Environment,
+    *,
+    secrets: Secrets,
+    stop: Stop,
+    renderer: Renderer | None = None,
+    model: Model | None = None,
+    gate: CallGate | None = None,
+    hooks: Sequence[Any] = (),
+    notify: Callable[[str], None] = lambda message: None,
+    on_delta: Callable[[str, str], None] | None = None,
+    ask: Callable[[str, str], bool] | None = None,
+) -> Agent:
+    """The model (unless given) and the agent that drives it in `env`. `on_delta(kind, text)` is told each piece
+    of a streamed reply as it arrives; `ask(command, pattern)` is asked for commands policy.confirm matches."""
+
+    def on_retry(message: str) -> None:
+        trajectory.add_usage(Usage(retries=1))  # counted as it happens: a run stopped mid-wait keeps its count
+        notify(message)
+
+    model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,
+                                 calls_made=trajectory.usage.model_calls, on_delta=on_delta)
+    return Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
+                 stop=stop, hooks=hooks, scrub=secrets.scrub, notify=notify, ask=ask)
 
 
 def _run_commands(env: Environment, commands: Sequence[str], config: Config, trajectory: Trajectory, stop: Stop,

@@ -45,6 +45,20 @@ class Stop:
             for cancel in list(self._cancellers.values()):
                 _quietly(cancel)
 
+    def rearm(self) -> None:
+        """Ready for the next piece of work after a stop (a chat session's next turn): the request is forgotten.
+        Call it only when nothing is running (no canceller registered, no signal handler that may request)."""
+        self.outcome = None
+        self.urgent = False
+        os.set_blocking(self._wake_read, False)
+        try:
+            while os.read(self._wake_read, 4096):
+                pass
+        except OSError:  # BlockingIOError: drained
+            pass
+        finally:
+            os.set_blocking(self._wake_read, True)
+
     def wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`, waking as soon as a stop is requested; True when one was."""
         if self.outcome is None and seconds > 0:

@@ -20,6 +20,7 @@ VARIABLES = {
     "observation.j2": {"output", "returncode", "timed_out", "command_timeout", "elided_chars", "output_chars", "duration_s",
                        "aborted"},
     "format_error.j2": {"reason", "error", "action_tag", "submit_marker", "errors_left"},
+    "compact.j2": {"submit_marker"},
 }
 
 

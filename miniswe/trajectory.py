@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from miniswe import __version__
-from miniswe.atomic import SwapFile
+from miniswe.atomic import SwapFile, write_atomic
 from miniswe.errors import RecordError, TrajectoryError
 from miniswe.status import ExitStatus, Outcome
 from miniswe.usage import Usage
@@ -137,6 +137,7 @@ class Trajectory:
         self.pending: Step | None = None  # a reply whose command has not finished: on disk, so resuming repeats no call
         self.resumes: list[dict[str, Any]] = []  # each time the run was continued: when, from which step, what changed
         self.parent: dict[str, Any] | None = None  # the run this one was forked from, and at which step
+        self.session: dict[str, Any] | None = None  # a chat session's id, summary, turns and context (chat only)
         self.extra: dict[str, Any] = {}  # top-level keys this version does not know, kept as they were
         self._redact = redact or (lambda text: text)
         self._messages_json: list[bytes] = []
@@ -187,6 +188,33 @@ class Trajectory:
 
     def warn(self, message: str) -> None:
         self.warnings.append(self._redact(message))
+
+    def begin_turn(self) -> None:
+        """A chat session's next turn: the run is in flight again (no exit status) until `finish`."""
+        self.outcome = None
+        self.ended = None
+
+    def set_session(self, **fields: Any) -> None:
+        """Chat session fields (id, summary, mode, context_from, turns), kept under the top-level `session` key."""
+        self.session = {**(self.session or {}), **fields}
+
+    def set_config(self, config: dict[str, Any]) -> None:
+        """The config the run goes on with (a chat session loaded by another process); recorded masked."""
+        self.config = config
+
+    def relocate(self, path: str) -> None:
+        """Save to `path` from now on (a chat session loaded from its file goes on in the autosave)."""
+        self.path = path
+        self._file = SwapFile(path)
+
+    def copy_to(self, path: str) -> None:
+        """Write the whole document to another file too, atomically (a chat session's /save)."""
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            write_atomic(path, self._document())
+        except OSError as error:
+            raise RecordError(f"cannot save {path}: {error.strerror or error}; free some space or make its folder "
+                              "writable") from None
 
     def reopen(self, **record: Any) -> None:
         """Continue a run that ended without a verdict (or never ended): its end is cleared, and the resume is
@@ -243,6 +271,8 @@ class Trajectory:
             data["resumes"] = self.resumes
         if self.parent is not None:
             data["parent"] = self.parent
+        if self.session is not None:
+            data["session"] = self.session
         return {**self.extra, **data}
 
     def to_dict(self) -> dict[str, Any]:
@@ -251,9 +281,7 @@ class Trajectory:
     # -- saving ----------------------------------------------------------------------------------------------
     def save(self) -> None:
         """Replace the file with the whole document, atomically: never half a file on disk."""
-        head = self._encode(self.header())[:-1]
-        document = b"".join((head, b', "messages": [', b",\n".join(self._messages_json),
-                             b'], "steps": [', b",\n".join(self._steps_json), b"]}\n"))
+        document = self._document()
         try:
             directory = os.path.dirname(os.path.abspath(self.path))
             if not os.path.isdir(directory):
@@ -262,6 +290,11 @@ class Trajectory:
         except OSError as error:
             raise RecordError(f"cannot save the trajectory {self.path}: {error.strerror or error}; "
                               "free some space or make its folder writable") from None
+
+    def _document(self) -> bytes:
+        head = self._encode(self.header())[:-1]
+        return b"".join((head, b', "messages": [', b",\n".join(self._messages_json),
+                         b'], "steps": [', b",\n".join(self._steps_json), b"]}\n"))
 
     def _encode(self, data: dict[str, Any]) -> bytes:
         return self._redact(json.dumps(data, ensure_ascii=False)).encode()
@@ -298,8 +331,9 @@ class Trajectory:
         trajectory.pending = Step.from_dict(data["pending"]) if isinstance(data.get("pending"), dict) else None
         trajectory.resumes = list(data.get("resumes") or [])
         trajectory.parent = data.get("parent") if isinstance(data.get("parent"), dict) else None
+        trajectory.session = data.get("session") if isinstance(data.get("session"), dict) else None
         known = set(trajectory.header()) | {"messages", "steps", "setup", "evaluation", "resolved", "warnings",
-                                            "pending", "resumes", "parent"}
+                                            "pending", "resumes", "parent", "session"}
         trajectory.extra = {k: v for k, v in data.items() if k not in known}
         return trajectory
 

@@ -26,6 +26,15 @@ class Usage:
             setattr(self, key, getattr(self, key) + getattr(other, key))
         self.cost = round(self.cost, 8)
 
+    def since(self, earlier: Usage) -> Usage:
+        """What was used after `earlier` was this usage's value (a chat turn's share of the session's totals)."""
+        used = Usage(**{key: getattr(self, key) - getattr(earlier, key) for key in _KEYS})
+        used.cost = round(used.cost, 8)
+        return used
+
+    def copy(self) -> Usage:
+        return Usage(**self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in _KEYS}  # asdict's deep copy costs more, at every save
 

@@ -29,6 +29,12 @@ Script: a JSON (or .yaml/.yml) list of items, served one per chat completion req
   {"broken_json": true}  truncated 200 body    {"close": true}  drop the connection
   {"stall": S} / {"latency": S}  sleep S seconds before answering
   {"trickle": S}  send the body one byte every S seconds   {"cut_at": N}  send N bytes of the body, hang up
+A request with "stream": true gets the reply as server-sent events (chunked): reasoning deltas, then content
+deltas of "piece" characters (default 3), the finish reason, a last chunk with usage when the request asked
+(stream_options.include_usage) or "stream_usage" says so, then [DONE]. Stream options of an item:
+  {"piece": N}  {"event_delay": S}  sleep S seconds between events
+  {"stall_after": N, "stall": S}  send N events, then nothing for S seconds (default: until the server stops)
+  {"stream_cut_after": N}  send N events and hang up    {"no_stream": true}  answer with plain JSON anyway
 A JSON object {"replies": [...], "default": item} is accepted too.
 """
 
@@ -138,6 +144,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _chat(self, scripted, request):
         item, seq = scripted._next()
         spec = item if isinstance(item, dict) else {}
+        streaming = isinstance(request, dict) and request.get("stream") and not spec.get("no_stream")
+        if streaming and spec.get("status", 200) == 200 and not spec.get("close") and "body" not in spec:
+            scripted._sleep(scripted.latency + spec.get("latency", 0))
+            self._stream(scripted, item, request, seq)
+            return
         scripted._sleep(scripted.latency + spec.get("latency", 0) + spec.get("stall", 0))
         if spec.get("close"):
             self.close_connection = True  # drop the socket without writing a response
@@ -161,6 +172,58 @@ class _Handler(BaseHTTPRequestHandler):
             self._cut(status, data.encode(), spec["cut_at"])
         else:
             self._send(status, data, headers)
+
+    def _stream(self, scripted, item, request, seq):
+        """The reply as server-sent events, one HTTP chunk each."""
+        spec = item if isinstance(item, dict) else {}
+        whole = completion(item, request, seq)
+        message, choice = whole["choices"][0]["message"], whole["choices"][0]
+        base = {"id": whole["id"], "object": "chat.completion.chunk", "created": whole["created"], "model": whole["model"]}
+        piece = max(1, int(spec.get("piece", 3)))
+
+        def delta(**fields):
+            return {**base, "choices": [{"index": 0, "delta": fields, "finish_reason": None}]}
+
+        events = [delta(role="assistant", content="")]
+        for key in ("reasoning_content", "reasoning"):
+            text = message.get(key)
+            if isinstance(text, str):
+                events += [delta(**{key: text[i:i + piece]}) for i in range(0, len(text), piece)]
+        content = message.get("content")
+        if isinstance(content, str):
+            events += [delta(content=content[i:i + piece]) for i in range(0, len(content), piece)]
+        elif content is not None:
+            events.append(delta(content=content))
+        events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+        options = request.get("stream_options") if isinstance(request.get("stream_options"), dict) else {}
+        if spec.get("stream_usage", bool(options.get("include_usage"))):
+            events.append({**base, "choices": [], "usage": whole["usage"]})
+        lines = [f"data: {json.dumps(event)}\n\n".encode() for event in events] + [b"data: [DONE]\n\n"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for index, line in enumerate(lines):
+                if index and index == spec.get("stream_cut_after"):
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                if index and index == spec.get("stall_after"):
+                    self.wfile.flush()
+                    scripted._sleep(spec.get("stall", 3600))
+                    if scripted._stopping.is_set():
+                        self.close_connection = True
+                        return
+                if index and spec.get("event_delay"):
+                    scripted._sleep(spec["event_delay"])
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
 
     def _trickle(self, status, data, interval):
         """Headers at once, then the body one byte every `interval` seconds: each read is quick, the answer never ends."""

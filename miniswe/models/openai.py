@@ -3,10 +3,15 @@
 Transient failures (connection errors, cut or stalled answers, 408/409/425/429, 5xx, malformed JSON) are
 retried (models/retry.py); requests the server refuses fail at once with the likely fix. A call is bounded
 as a whole, not per read: at its deadline, or when the run is stopped at once, its socket is shut down.
+
+With `stream`, the reply is read as server-sent events and each piece of reasoning and text is handed to
+`on_delta` as it arrives; the pieces are assembled into the same reply a non-streamed call gives. A stream
+that sends nothing for `stream_idle_timeout` seconds is cut and retried like any failed call.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -42,13 +47,16 @@ class OpenAIConfig(PriceSettings, RetrySettings, ModelConfig):
     params: dict[str, Any] = field(default_factory=dict)  # extra request body fields, e.g. {max_tokens: 4096, top_p: 0.95}
     timeout: float = field(default=600.0, metadata={"seconds": True})  # seconds one call may take as a whole, answer included; 0 = no limit
     connect_timeout: float = field(default=10.0, metadata={"seconds": True})  # seconds to connect; 0 = no limit
+    stream: bool = False  # read replies as server-sent events as they are generated (chat shows them live)
+    stream_idle_timeout: float = field(default=120.0, metadata={"seconds": True})  # seconds a stream may send nothing (the wait for its first token too) before it is cut and retried; 0 = no limit
 
 
 class OpenAIModel:
     config_class = OpenAIConfig
 
     def __init__(self, config: OpenAIConfig, *, gate: CallGate | None = None, stop: Stop | None = None,
-                 on_retry: Callable[[str], None] | None = None, **_: Any):
+                 on_retry: Callable[[str], None] | None = None, on_delta: Callable[[str, str], None] | None = None,
+                 **_: Any):
         if not config.base_url:
             raise ConfigError(
                 "no model endpoint configured: pass --base-url URL (or set OPENAI_BASE_URL) and -m MODEL; "
@@ -65,6 +73,7 @@ class OpenAIModel:
         self.gate = gate or CallGate()
         self.stop = stop or Stop()
         self.on_retry = on_retry or (lambda message: None)
+        self.on_delta = on_delta or (lambda kind, text: None)  # kind: "reasoning" or "content"
         self.session = _session(self._track)
         self.session.headers["User-Agent"] = f"miniswe/{__version__}"
         # Read proxy settings once: with trust_env, requests re-reads the environment and ~/.netrc on every call.
@@ -84,8 +93,10 @@ class OpenAIModel:
             "model": self.config.name,
             "messages": list(messages),  # role and content only: reasoning is never sent back
             "temperature": self.config.temperature,
-            **self.config.params,
         }
+        if self.config.stream:  # usage comes in a last chunk only when asked for (OpenAI, vLLM)
+            body.update(stream=True, stream_options={"include_usage": True})
+        body.update(self.config.params)
         return call_with_retries(lambda: self._attempt(body, deadline), settings=self.config, gate=self.gate,
                                  stop=self.stop, deadline=deadline, on_retry=self.on_retry, scrub=self._scrub)
 
@@ -108,13 +119,23 @@ class OpenAIModel:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-        timeouts = (_least(self.config.connect_timeout or None, left), left)
+        stream = bool(body.get("stream"))
+        idle = self.config.stream_idle_timeout if stream else 0
+        timeouts = (_least(self.config.connect_timeout or None, left), _least(idle or None, left))
         self._cut_reason = None
         try:
             with self.stop.cancelling(self._cancel):
                 if deadline is not None:
                     self._watchdog.arm(deadline)
-                response = self.session.post(self.url, json=body, headers=headers, proxies=self.proxies, timeout=timeouts)
+                response = self.session.post(self.url, json=body, headers=headers, proxies=self.proxies, timeout=timeouts,
+                                             stream=stream)
+                if stream:
+                    try:
+                        if response.status_code == 200 and "text/event-stream" in response.headers.get("Content-Type", ""):
+                            return self._read_stream(response)
+                        _ = response.content  # not a stream after all (an error, or a server that ignores `stream`)
+                    finally:
+                        response.close()
         except requests.exceptions.SSLError as error:
             if "certificate verify failed" not in str(error).lower():
                 raise Transient(f"TLS with {self.url} failed: {_reason(error)}") from None
@@ -122,13 +143,20 @@ class OpenAIModel:
                                          "private CA, point REQUESTS_CA_BUNDLE at its certificate")) from None
         except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema) as error:
             raise ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url")) from None
-        except requests.RequestException as error:
+        except (requests.RequestException, Transient) as error:
             if self._cut_reason == "stop":
                 raise Cancelled("model call cancelled") from None
-            if self._cut_reason == "deadline" or isinstance(error, requests.Timeout):
+            timed_out = isinstance(error, requests.Timeout)
+            past_deadline = deadline is not None and time.monotonic() >= deadline - 0.01
+            if self._cut_reason == "deadline" or (timed_out and (not stream or past_deadline
+                                                                   or isinstance(error, requests.ConnectTimeout))):
                 if not own_deadline and deadline is not None:
                     raise DeadlineReached("time_limit reached during a model call") from None
                 raise Transient(f"{self.url}: no complete answer within {self.config.timeout:g}s") from None
+            if isinstance(error, Transient):
+                raise
+            if timed_out:
+                raise Transient(f"{self.url}: the stream sent nothing for {idle:g}s") from None
             if isinstance(error, requests.ConnectionError):
                 raise Transient(f"cannot reach {self.url}: {_reason(error)}") from None
             raise Transient(f"{self.url}: the answer was cut off ({type(error).__name__})") from None
@@ -150,6 +178,85 @@ class OpenAIModel:
                 raise TypeError("message")
         except (ValueError, KeyError, IndexError, TypeError):
             raise Transient(f"{self.url} sent a malformed reply: {response.text[:120]!r}") from None
+        return data
+
+    def _read_stream(self, response: Any) -> dict[str, Any]:
+        """The events of a streamed reply, each delta handed to `on_delta` as it arrives, assembled into the
+        body a non-streamed call would have had (content, reasoning, finish_reason, and usage if sent)."""
+        content: list[str] = []
+        reasoning: list[str] = []
+        state: dict[str, Any] = {"finish": None, "usage": None, "done": False}
+        pending: list[str] = []  # the data lines of an event not complete yet
+
+        def event(payload: str) -> None:
+            if payload.strip() == "[DONE]":
+                state["done"] = True
+                return
+            try:
+                data = json.loads(payload)
+            except ValueError:
+                raise Transient(f"{self.url} sent a malformed stream event: {payload[:120]!r}") from None
+            if not isinstance(data, dict):
+                raise Transient(f"{self.url} sent a malformed stream event: {payload[:120]!r}")
+            if data.get("error"):
+                error = data["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                raise Transient(f"{self.url} sent an error in the stream: {' '.join(str(message).split())[:200]}")
+            if isinstance(data.get("usage"), dict):
+                state["usage"] = data["usage"]
+            choices = data.get("choices") if isinstance(data.get("choices"), list) else []
+            for choice in choices:
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
+                for key in ("reasoning_content", "reasoning"):
+                    if isinstance(delta.get(key), str):
+                        if delta[key]:
+                            reasoning.append(delta[key])
+                            self.on_delta("reasoning", delta[key])
+                        break
+                text = delta.get("content")
+                if isinstance(text, list):
+                    text = "".join(p["text"] for p in text if isinstance(p, dict) and isinstance(p.get("text"), str))
+                if isinstance(text, str) and text:
+                    content.append(text)
+                    self.on_delta("content", text)
+                if isinstance(choice.get("finish_reason"), str):
+                    state["finish"] = choice["finish_reason"]
+
+        buffer = b""
+        for chunk in _body_chunks(response):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                line = raw.rstrip(b"\r").decode("utf-8", "replace")
+                if not line:  # the end of an event
+                    if pending:
+                        event("\n".join(pending))
+                        pending.clear()
+                    continue
+                name, _, value = line.partition(":")
+                if name != "data":  # comments (keep-alives), event names, ids
+                    continue
+                pending.append(value[1:] if value.startswith(" ") else value)
+                joined = "\n".join(pending)
+                if joined.strip() == "[DONE]" or _is_json(joined):  # servers that leave out the blank line
+                    event(joined)
+                    pending.clear()
+            if state["done"]:
+                break
+        if pending:
+            event("\n".join(pending))
+        if self._cut_reason is not None:  # cut off while reading: the watchdog or a stop shut the socket
+            raise _cut_off()
+        if not state["done"] and state["finish"] is None:
+            raise Transient(f"{self.url}: the stream ended before the reply was complete")
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
+        if reasoning:
+            message["reasoning_content"] = "".join(reasoning)
+        data: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": state["finish"]}]}
+        if state["usage"] is not None:
+            data["usage"] = state["usage"]
         return data
 
     def _track(self, connection: Any) -> None:
@@ -225,6 +332,40 @@ def _session(track: Callable[[Any], None]) -> Any:
     session.mount("http://", Adapter())
     session.mount("https://", Adapter())
     return session
+
+
+def _body_chunks(response: Any) -> Any:
+    """The body as it arrives (one read at a time, chunked or not), with urllib3's errors as requests' own."""
+    import requests
+    from urllib3 import exceptions
+
+    raw = response.raw
+    try:
+        while True:
+            data = raw.read1(65536)
+            if not data:
+                return
+            yield data
+    except exceptions.ReadTimeoutError as error:
+        raise requests.exceptions.ReadTimeout(error) from None
+    except exceptions.SSLError as error:
+        raise requests.exceptions.SSLError(error) from None
+    except (exceptions.HTTPError, OSError) as error:
+        raise requests.exceptions.ChunkedEncodingError(error) from None
+
+
+def _cut_off() -> Exception:
+    import requests
+
+    return requests.exceptions.ConnectionError("the stream was cut off")
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _least(a: float | None, b: float | None) -> float | None:
