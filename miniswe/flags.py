@@ -40,6 +40,9 @@ FLAGS = {
         Flag("cwd", ("--cwd",), str, "Working directory of the commands.", "environment.cwd"),
         Flag("script", ("--script",), str, "Use the scripted model with replies from this YAML/JSON file.",
              "model.script", {"model.kind": "scripted"}),
+        # not a config key: it turns on the debug log, which lives outside the run record (see debuglog.py)
+        Flag("debug", ("--debug",), bool, "Log every model request and response to stderr, secrets masked "
+             "($MINISWE_DEBUG=FILE to append to a file instead).", ""),
     )
 }
 RUN_FLAGS = tuple(FLAGS)
@@ -55,11 +58,7 @@ def with_flags(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(command, eval_str=True)  # the annotations, resolved in the command's module
         own = [p for p in signature.parameters.values() if p.name != "flags"]
-        added = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                              annotation=Annotated[Optional[FLAGS[name].type], typer.Option(*FLAGS[name].decls, help=FLAGS[name].help)])
-            for name in names
-        ]
+        added = [_parameter(FLAGS[name]) for name in names]
 
         @functools.wraps(command)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -74,13 +73,22 @@ def with_flags(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
     return decorate
 
 
+def _parameter(flag: Flag) -> inspect.Parameter:
+    option = typer.Option(*flag.decls, help=flag.help)
+    if flag.type is bool:  # a switch, never a value
+        return inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, default=False,
+                                 annotation=Annotated[bool, option])
+    return inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[Optional[flag.type], option])
+
+
 def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The config sections the given flags set, applied after every -c source."""
     sections: dict[str, dict[str, Any]] = {}
     for name, value in flags.items():
-        if value is None or value == "":
-            continue
         flag = FLAGS[name]
+        if value is None or value == "" or not flag.key:
+            continue
         for key, setting in {**flag.implies, flag.key: value}.items():
             section, _, option = key.partition(".")
             sections.setdefault(section, {})[option] = setting
@@ -92,6 +100,8 @@ def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, An
     $MINISWE_MODEL fill what config leaves empty, for a model kind that has those settings."""
     from miniswe.config import load_config, override
 
+    if flags.get("debug") and not os.environ.get("MINISWE_DEBUG"):
+        os.environ["MINISWE_DEBUG"] = "1"  # in the environment, so batch workers and sub-processes log too
     config = load_config(*([base] if base else []), *sources, flag_overrides(flags))
     from_env = {}
     for key, variable in (("base_url", "OPENAI_BASE_URL"), ("name", "MINISWE_MODEL")):

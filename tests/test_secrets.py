@@ -81,3 +81,32 @@ def test_a_key_found_by_a_command_never_reaches_the_model(cli, server, tmp_path)
     assert result.returncode == 0, result.stderr
     assert KEY not in json.dumps(server.requests[1]["body"]) and "OPENAI_API_KEY=***" in json.dumps(server.requests[1]["body"])
     assert leaks(tmp_path, result.stdout, result.stderr) == [".env: " + KEY]
+
+
+def test_the_debug_log_shows_each_exchange_with_secrets_masked_and_stays_out_of_the_record(cli, server, tmp_path):
+    server.push(act(FIND_ALL), act(f"echo {SUBMIT_MARKER}"))
+    result = cli("run", "fix the bug", "--base-url", server.base_url, "-m", "m", "-o", "t.json", "--debug",
+                 *SECRET_FLAGS, env={"OPENAI_API_KEY": KEY})
+    assert result.returncode == 0, result.stderr
+    log = result.stderr
+    for call in (1, 2):
+        assert f"call {call} request {server.base_url}/chat/completions" in log
+        assert f"call {call} response {server.base_url}/chat/completions after" in log
+    assert '"content": "fix the bug"' in log or "fix the bug" in log, "the request's messages are shown"
+    assert '"finish_reason"' in log, "the response is shown whole"
+    assert '"api_key": "***"' in log, "a secret sent in the body is masked in the log"
+    assert leaks(tmp_path, result.stdout, result.stderr) == []
+    assert "miniswe debug" not in (tmp_path / "t.json").read_text()
+
+
+def test_the_debug_log_goes_to_a_file_for_a_batch_and_names_failures(cli, server, tmp_path):
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump([{"id": "a", "task": "t"}]))
+    server.push({"status": 401})
+    result = cli("batch", "tasks.yaml", "-o", "run", "--base-url", server.base_url, "-m", "m",
+                 env={"OPENAI_API_KEY": KEY, "MINISWE_DEBUG": str(tmp_path / "debug.log")})
+    assert result.returncode == 3, result.stderr
+    log = (tmp_path / "debug.log").read_text()
+    assert f"call 1 request {server.base_url}/chat/completions" in log
+    assert "call 1 failure" in log and "401" in log
+    assert "miniswe debug" not in result.stderr, "the log went to the file, not the terminal"
+    assert leaks(tmp_path, result.stdout, result.stderr) == []

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from miniswe import __version__
+from miniswe import __version__, debuglog
 from miniswe.errors import Cancelled, ConfigError, DeadlineReached, ModelError
 from miniswe.models import ModelConfig, Reply
 from miniswe.models.deadline import Watchdog
@@ -106,7 +106,13 @@ class OpenAIModel:
         own = deadline is not None and (run_deadline is None or deadline < run_deadline)
         if run_deadline is not None and not own:
             deadline = run_deadline
-        data = self._post(body, deadline, own)
+        call = debuglog.log("request", self.url, body)
+        try:
+            data = self._post(body, deadline, own)
+        except Exception as error:
+            debuglog.log("failure", self.url, f"{type(error).__name__}: {self._scrub(str(error))}", call=call)
+            raise
+        debuglog.log("response", self.url, data, call=call, note=f"after {time.monotonic() - started:.2f}s")
         reply = self._reply(data)
         reply.latency_s = time.monotonic() - started
         return reply
