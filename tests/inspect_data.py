@@ -35,7 +35,7 @@ def make_step(number: int, *, output_lines: int = 6) -> tuple[Step, str]:
     elif kind == 17:
         fields = {"returncode": None, "aborted": "SIGTERM"}
     elif kind == 19:
-        output = output[:60] + f"\n[... 99000 bytes of output elided by miniswe ...]\n" + output[-60:]
+        output = output[:60] + "\n[... 99000 bytes of output elided by miniswe ...]\n" + output[-60:]
         fields = {"returncode": 0, "elided_chars": 99000}
     elif kind == 23:
         output = HOSTILE + "\n"

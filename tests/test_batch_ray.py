@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from raycluster import BIN, ROOT, LoopbackNamespace, TwoNodeCluster, unavailable
+from raycluster import ROOT, LoopbackNamespace, TwoNodeCluster, unavailable
 from replies import act
 
 _problem = None if importlib.util.find_spec("ray") else "ray is not installed (pip install -e '.[test,ray]')"

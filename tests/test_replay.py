@@ -6,7 +6,7 @@ import json
 import subprocess
 import time
 
-from conftest import SUBMIT, act, clean_env, miniswe_cmd, read_line
+from conftest import act, clean_env, miniswe_cmd, read_line
 from replies import SUBMIT_MARKER
 
 

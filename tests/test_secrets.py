@@ -57,7 +57,7 @@ def test_a_run_records_and_prints_no_secret(cli, server, tmp_path):
 
 def test_a_batch_records_and_prints_no_secret(cli, server, tmp_path):
     tasks = [
-        {"id": "finds", "task": "t", "setup": f"echo setting up with $GITHUB_TOKEN", "eval": "true",
+        {"id": "finds", "task": "t", "setup": "echo setting up with $GITHUB_TOKEN", "eval": "true",
          "env": {"env": {"DEPLOY_PASSWORD": TOKEN}}},
         {"id": "setup-fails", "task": "t", "setup": "echo failing with $GITHUB_TOKEN >&2; exit 3"},
     ]
