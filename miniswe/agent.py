@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from miniswe.compaction import Compactor
 from miniswe.config import Config
 from miniswe.environments import CommandResult, Environment
 from miniswe.environments.capture import elision_notice
@@ -87,6 +88,7 @@ class Agent:
         self.messages: list[dict[str, str]] = []
         self.format_errors = 0
         self.limits = Limits(config.agent)
+        self.context = Compactor(config.agent, trajectory, model, renderer, notify)
         self.variables = prompt_variables(config, env.describe().get("cwd", ""))
         kind = config.environment.kind
         self.hooks = Hooks([
@@ -197,10 +199,11 @@ class Agent:
 
     def step(self) -> Outcome | None:
         number_ = len(self.trajectory.steps) + 1
-        call = self.hooks("before_model_call", ModelCall(number_, self.messages))
+        sent = self.context.prepare(self.messages, self.limits.deadline)
+        call = self.hooks("before_model_call", ModelCall(number_, sent))
         if call.stop:
             return call.stop
-        reply = self.model.complete(self.messages, deadline=self.limits.deadline)
+        reply = self.context.complete(self.messages, sent, self.limits.deadline)
         return self._answer(number_, reply)
 
     def _answer(self, number_: int, reply: Reply, command: str | None = None) -> Outcome | None:

@@ -37,6 +37,8 @@ class AgentConfig:
     max_repeats: int = 3  # the same command with the same output this many times in a row: a warning; once more: RepeatedAction; 0 = off
     budget_warning: float = 0.1  # observations warn once this share of a limit (steps, tokens, cost, time) is left; 0 = never
     hooks: list[str] = field(default_factory=list)  # hooks loaded by package.module:Class, called at every step (see README)
+    context_window: int = 0  # the model's context window in tokens, for compaction; 0 = learned from the endpoint's first context-length refusal
+    keep_turns: int = 4  # the newest turns compaction never cuts
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,16 @@ class ModelError(MinisweError):
     pass
 
 
+class ContextLengthError(ModelError):
+    """The endpoint refused a prompt longer than the model's context window. `window` and `prompt_tokens` are
+    what its message said, when it said them; the agent compacts the conversation and asks again."""
+
+    def __init__(self, message: str, *, window: int | None = None, prompt_tokens: int | None = None):
+        super().__init__(message)
+        self.window = window
+        self.prompt_tokens = prompt_tokens
+
+
 class SandboxError(MinisweError):
     pass
 

@@ -21,6 +21,9 @@ VARIABLES = {
                        "aborted"},
     "format_error.j2": {"reason", "error", "action_tag", "submit_marker", "errors_left"},
     "compact.j2": {"submit_marker"},
+    "summarize.j2": set(),
+    "summary.j2": {"summary"},
+    "elided.j2": {"head", "chars"},
 }
 
 

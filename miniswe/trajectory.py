@@ -138,6 +138,7 @@ class Trajectory:
         self.resumes: list[dict[str, Any]] = []  # each time the run was continued: when, from which step, what changed
         self.parent: dict[str, Any] | None = None  # the run this one was forked from, and at which step
         self.session: dict[str, Any] | None = None  # a chat session's id, summary, turns and context (chat only)
+        self.compactions: list[dict[str, Any]] = []  # each time the model's context was compacted (compaction.py)
         self.extra: dict[str, Any] = {}  # top-level keys this version does not know, kept as they were
         self._redact = redact or (lambda text: text)
         self._messages_json: list[bytes] = []
@@ -164,6 +165,9 @@ class Trajectory:
     def set_pending(self, step: Step) -> None:
         """The step a reply asked for, before its command runs; `record_step` replaces it."""
         self.pending = step
+
+    def add_compaction(self, entry: dict[str, Any]) -> None:
+        self.compactions.append(entry)
 
     def set_redaction(self, redact: Callable[[str], str]) -> None:
         """Mask these secrets in what is recorded from now on (a loaded trajectory that goes on)."""
@@ -273,6 +277,8 @@ class Trajectory:
             data["parent"] = self.parent
         if self.session is not None:
             data["session"] = self.session
+        if self.compactions:
+            data["compactions"] = self.compactions
         return {**self.extra, **data}
 
     def to_dict(self) -> dict[str, Any]:
@@ -332,8 +338,9 @@ class Trajectory:
         trajectory.resumes = list(data.get("resumes") or [])
         trajectory.parent = data.get("parent") if isinstance(data.get("parent"), dict) else None
         trajectory.session = data.get("session") if isinstance(data.get("session"), dict) else None
+        trajectory.compactions = [entry for entry in data.get("compactions") or [] if isinstance(entry, dict)]
         known = set(trajectory.header()) | {"messages", "steps", "setup", "evaluation", "resolved", "warnings",
-                                            "pending", "resumes", "parent", "session"}
+                                            "pending", "resumes", "parent", "session", "compactions"}
         trajectory.extra = {k: v for k, v in data.items() if k not in known}
         return trajectory
 
@@ -432,6 +439,7 @@ def fork(parent: Trajectory, from_step: int, path: str, *, config: dict[str, Any
         child.record_step(step)
         child.add_usage(step.usage)
     child.setup = list(parent.setup)
+    child.compactions = [entry for entry in parent.compactions if entry.get("step", 0) <= from_step]
     child.parent = {"trajectory": os.path.abspath(parent.path), "run_id": parent.metadata.get("run_id"), "from_step": from_step}
     return child
 

@@ -36,6 +36,12 @@ deltas of "piece" characters (default 3), the finish reason, a last chunk with u
   {"stall_after": N, "stall": S}  send N events, then nothing for S seconds (default: until the server stops)
   {"stream_cut_after": N}  send N events and hang up    {"no_stream": true}  answer with plain JSON anyway
 A JSON object {"replies": [...], "default": item} is accepted too.
+With a context window (--context-window N) a request whose messages come to more than N tokens (4 characters
+a token, as in the usage reported) is refused with HTTP 400 the way --overflow-style says (openai, llamacpp,
+or plain: no numbers), and no scripted item is used up.
+Rules (ScriptedServer(rules=[(text, item)])) answer a request whose last message contains `text` with `item`,
+whatever the script's position, also without using up an item: a reply to a request that comes at a point
+the test cannot foresee (a compaction's summary request).
 """
 
 
@@ -75,20 +81,35 @@ def _error(status, message):
     return {"error": {"message": message, "type": "scripted_error", "code": status}}
 
 
+def prompt_tokens(request):
+    messages = request.get("messages") if isinstance(request, dict) else None
+    messages = messages if isinstance(messages, list) else []
+    return sum(_text_len(m.get("content")) for m in messages if isinstance(m, dict)) // 4
+
+
+def overflow(style, window, tokens):
+    """The refusal of a prompt longer than the window, as each kind of server words it."""
+    if style == "llamacpp":
+        return {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it",
+                          "type": "exceed_context_size_error", "n_prompt_tokens": tokens, "n_ctx": window}}
+    if style == "plain":
+        return {"error": {"message": "Input is too long for the model's context window.", "type": "invalid_request_error"}}
+    return {"error": {"message": f"This model's maximum context length is {window} tokens. However, your messages "
+                                 f"resulted in {tokens} tokens. Please reduce the length of the messages.",
+                      "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}
+
+
 def completion(item, request, seq):
     """Build a chat.completion object for a reply item (a string or a dict with "content")."""
     if isinstance(item, str):
         item = {"content": item}
     request = request if isinstance(request, dict) else {}
-    messages = request.get("messages")
-    messages = messages if isinstance(messages, list) else []
     content = item.get("content", "")
     message = {"role": "assistant", "content": content}
     for key in ("reasoning_content", "reasoning"):
         if key in item:
             message[key] = item[key]
-    prompt = sum(_text_len(m.get("content")) for m in messages if isinstance(m, dict)) // 4
-    usage = {"prompt_tokens": prompt, "completion_tokens": _text_len(content) // 4 + 1}
+    usage = {"prompt_tokens": prompt_tokens(request), "completion_tokens": _text_len(content) // 4 + 1}
     if "cached_tokens" in item:
         usage["prompt_tokens_details"] = {"cached_tokens": item["cached_tokens"]}
     if "cost" in item:
@@ -142,7 +163,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, _error(404, f"no route for {self.command} {path}"))
 
     def _chat(self, scripted, request):
-        item, seq = scripted._next()
+        if scripted.context_window and prompt_tokens(request) > scripted.context_window:
+            scripted._sleep(scripted.latency)
+            with scripted._lock:
+                scripted.overflows += 1
+            self._send(400, overflow(scripted.overflow_style, scripted.context_window, prompt_tokens(request)))
+            return
+        item, seq = scripted._next(request)
         spec = item if isinstance(item, dict) else {}
         streaming = isinstance(request, dict) and request.get("stream") and not spec.get("no_stream")
         if streaming and spec.get("status", 200) == 200 and not spec.get("close") and "body" not in spec:
@@ -289,8 +316,13 @@ class _HTTPServer(ThreadingHTTPServer):
 class ScriptedServer:
     """Serves queued reply items in FIFO order; item formats are listed in ITEM_HELP."""
 
-    def __init__(self, replies=None, latency=0.0, default=None, host="127.0.0.1", port=0, requests_log=None):
+    def __init__(self, replies=None, latency=0.0, default=None, host="127.0.0.1", port=0, requests_log=None,
+                 context_window=0, overflow_style="openai", rules=()):
         self.latency = latency
+        self.rules = list(rules)
+        self.context_window = context_window
+        self.overflow_style = overflow_style
+        self.overflows = 0  # requests refused for their length
         self.default = default
         self.host = host
         self.requests_log = requests_log
@@ -363,9 +395,14 @@ class ScriptedServer:
         if seconds > 0:
             self._stopping.wait(seconds)
 
-    def _next(self):
+    def _next(self, request=None):
+        messages = request.get("messages") if isinstance(request, dict) else None
+        last = str(messages[-1].get("content")) if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else ""
         with self._lock:
             self._seq += 1
+            for text, item in self.rules:
+                if text in last:
+                    return item, self._seq
             if self._queue:
                 return self._queue.popleft(), self._seq
             return (EXHAUSTED if self.default is None else self.default), self._seq
@@ -391,6 +428,8 @@ def main(argv=None):
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     parser.add_argument("--default", help="reply content once the script is exhausted (default: HTTP 500)")
     parser.add_argument("--requests-log", help="append each received request as a JSON line")
+    parser.add_argument("--context-window", type=int, default=0, help="refuse prompts over this many tokens")
+    parser.add_argument("--overflow-style", choices=("openai", "llamacpp", "plain"), default="openai")
     args = parser.parse_args(argv)
 
     script = load_replies(args.script) if args.script else []
@@ -398,7 +437,8 @@ def main(argv=None):
     if isinstance(script, dict):
         default = script.get("default", default)
         script = script.get("replies", [])
-    server = ScriptedServer(script, latency=args.latency, default=default, port=args.port, requests_log=args.requests_log)
+    server = ScriptedServer(script, latency=args.latency, default=default, port=args.port, requests_log=args.requests_log,
+                            context_window=args.context_window, overflow_style=args.overflow_style)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server.start()
     try:

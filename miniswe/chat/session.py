@@ -96,7 +96,7 @@ class ChatSession:
             raise UsageError("nothing to compact yet")
         request = self.renderer.render("compact.j2", submit_marker=self.config.protocol.submit_marker)
         try:
-            reply = self.model.complete([*agent.messages, {"role": "user", "content": request}])
+            reply = self.model.complete([*agent.context.project(agent.messages), {"role": "user", "content": request}])
         except BaseException as error:
             return outcome_of(error, self.stop.outcome)
         self._claim()

@@ -82,6 +82,9 @@ def header_rows(header: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [("steps", " · ".join(counts)), ("tokens", tokens), ("cost", money(usage["cost"])), ("wall time", wall),
              ("config", " · ".join(f"{k}={v}" for k, v in header["config"].items()) or "—"),
              ("file", f"{header['path']} ({header['source']})")]
+    if header["compactions"]:
+        rows.append(("context", "compacted before step " + ", ".join(
+            f"{c['step'] + 1} ({c['kind']}, ~{c['tokens_before']:,} → {c['tokens_after']:,} tokens)" for c in header["compactions"])))
     if header["not_recorded"]:
         rows.append(("missing", "; ".join(header["not_recorded"])))
     for note in header["notes"]:

@@ -98,6 +98,8 @@ def header_view(trajectory: Trajectory) -> dict[str, Any]:
         "config": config_summary(trajectory.config),
         "not_recorded": [NOT_RECORDED.get(key, key) for key in sorted(missing)],
         "notes": list(converted.get("notes") or []),
+        "compactions": [{key: entry.get(key) for key in ("step", "kind", "why", "window", "tokens_before", "tokens_after")}
+                        for entry in trajectory.compactions],
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miniswe import __version__, debuglog
-from miniswe.errors import Cancelled, ConfigError, DeadlineReached, ModelError
+from miniswe.errors import Cancelled, ConfigError, ContextLengthError, DeadlineReached, ModelError
 from miniswe.models import ModelConfig, Reply
 from miniswe.models.deadline import Watchdog
 from miniswe.models.gate import CallGate
@@ -174,6 +175,9 @@ class OpenAIModel:
                 f"{self.url} answered {response.status_code}: {_server_message(response)}",
                 parse_retry_after(response.headers.get("Retry-After")),
             )
+        if response.status_code in (400, 413) and (overflow := _context_overflow(response)):
+            raise ContextLengthError(self._scrub(f"{self.url} answered {response.status_code}: {_server_message(response)}"),
+                                     window=overflow[0], prompt_tokens=overflow[1])
         if response.status_code >= 400:
             fix = FIXES.get(response.status_code, "check the request settings").format(key=self.config.api_key_env)
             raise ModelError(self._scrub(f"{self.url} answered {response.status_code}: {_server_message(response)}; {fix}"))
@@ -386,6 +390,34 @@ def _server_message(response: Any) -> str:
         text = None
     text = " ".join(str(text or response.text or response.reason or "").split())
     return text[:200] + ("..." if len(text) > 200 else "")
+
+
+# How servers say a prompt is longer than the context window: OpenAI and vLLM ("maximum context length is N
+# tokens ... resulted in M tokens"), llama.cpp (exceed_context_size_error with n_ctx and n_prompt_tokens),
+# and proxies in front of other APIs ("prompt is too long: M tokens > N maximum").
+OVERFLOW = re.compile(r"context[ _](?:length|window|size)|maximum context|prompt is too long|too many (?:input )?tokens", re.I)
+WINDOW = re.compile(r"(?:maximum context length is|context (?:length|window|size) (?:is|of)) (\d+)|> (\d+) maximum", re.I)
+PROMPT = re.compile(r"(?:resulted in|requested|prompt is too long:) (\d+) tokens", re.I)
+
+
+def _context_overflow(response: Any) -> tuple[int | None, int | None] | None:
+    """(window, prompt tokens) as far as the refusal says, when it refuses a prompt for its length; else None."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    error = error if isinstance(error, dict) else {"message": error or response.text}
+    text = " ".join(str(error.get(key) or "") for key in ("message", "type", "code"))
+    if not OVERFLOW.search(text) and error.get("type") != "exceed_context_size_error":
+        return None
+
+    def number(value: Any) -> int | None:
+        return int(value) if isinstance(value, (int, str)) and str(value).isdigit() and int(value) > 0 else None
+
+    window = WINDOW.search(text)
+    prompt = PROMPT.search(text)
+    return (number(error.get("n_ctx")) or (number(window.group(1) or window.group(2)) if window else None),
+            number(error.get("n_prompt_tokens")) or (number(prompt.group(1)) if prompt else None))
 
 
 def _reason(error: Exception) -> str:

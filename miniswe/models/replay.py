@@ -9,6 +9,7 @@ from typing import Any
 
 from miniswe.errors import ConfigError, ModelError, TrajectoryError
 from miniswe.models import ModelConfig, Reply
+from miniswe.usage import Usage
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class ReplayModel:
                     usage=step.usage if step else Reply(content="").usage,
                     latency_s=0.0,
                 ))
+        self.summaries = [Reply(content=entry["summary"], usage=Usage.from_dict(entry.get("usage")), latency_s=0.0)
+                          for entry in recording.compactions if entry.get("summary")]
+        self.summaries_given = 0
         self.source = config.trajectory
         self.calls = calls_made  # a continued run goes on with the reply after the last one it used
 
@@ -54,3 +58,11 @@ class ReplayModel:
         reply = self.replies[self.calls]
         self.calls += 1
         return reply
+
+    def summarize(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
+        """A context compaction's summary: the recorded one, so replaying a compacted run compacts the same way."""
+        if self.summaries_given >= len(self.summaries):
+            raise ModelError(f"replay model: {self.source} recorded {len(self.summaries)} compaction summaries and the "
+                             "replayed run asked for another; it compacted differently (see agent.context_window)")
+        self.summaries_given += 1
+        return self.summaries[self.summaries_given - 1]

@@ -1,0 +1,217 @@
+"""Context compaction: what the model is sent once the conversation outgrows its context window.
+
+The agent keeps every message, and so does the trajectory; the model is sent a projection of them. Before a
+call, the prompt's size is estimated from the last call's prompt tokens, scaled by the characters sent since.
+When it would pass the trigger (the window less a reserve of max(15% of it, 16k tokens), at most half of it),
+the projection is compacted to 60% of the trigger:
+
+1. older observations are elided, oldest first: each keeps its first line and a note of what was left out;
+2. if that is not enough, the model summarises the middle of the conversation, and the summary stands in for
+   it from then on: a frozen checkpoint (a later one summarises the earlier summary with what followed).
+
+The system message, the task and the newest `agent.keep_turns` turns are never cut. The projection is a
+function of the messages and one checkpoint (an index up to which observations are elided, one up to which
+the summary stands in), so between compactions the prompt only grows at its end and an endpoint's prefix cache
+keeps working; a resumed run goes on from the recorded checkpoint. Each compaction is recorded in the
+trajectory's `compactions`, with the summary and what it cost.
+
+A context-length refusal teaches the window (from the refusal's message, or the refused prompt's size) and the
+call is made again on a compacted projection rather than ending the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from miniswe.errors import ContextLengthError
+from miniswe.models import Model, Reply
+from miniswe.templates import Renderer
+from miniswe.trajectory import Trajectory, now_iso
+
+RESERVE_SHARE, RESERVE_MIN = 0.15, 16_000  # tokens left for the reply and the next observations
+GOAL = 0.6  # compaction goes down to this share of the trigger, so it happens seldom
+FIRST_RATE = 1 / 3  # tokens per character until an answer reports its prompt tokens (code runs ~3-4)
+OVERFLOW_RETRIES = 3
+OBSERVATIONS = ("user", "tool")
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """Indices are the trajectory's message indices, so a resumed run and a chat session map them back."""
+
+    elided_through: int = -1  # observations up to this message are elided
+    summary_through: int = -1  # the messages after the task up to this one are replaced by the summary
+    summary: str = ""
+
+
+class Compactor:
+    def __init__(self, agent_config: Any, trajectory: Trajectory, model: Model, renderer: Renderer,
+                 notify: Callable[[str], None] = lambda message: None):
+        self.trajectory = trajectory
+        self.model = model
+        self.renderer = renderer
+        self.notify = notify
+        self.keep_turns = max(1, agent_config.keep_turns)
+        self.window = agent_config.context_window
+        self.rate = 0.0  # tokens per character sent; calibrated by each answer's prompt tokens
+        self.checkpoint = Checkpoint()
+        self._elided: dict[int, str] = {}  # message index → its elided form, rendered once
+        summary = ""
+        for entry in trajectory.compactions:  # a resumed run, a loaded session: the same projection as before
+            summary = entry.get("summary", summary)
+            self.checkpoint = Checkpoint(int(entry.get("elided_through", -1)), int(entry.get("summary_through", -1)),
+                                         summary)
+            if entry.get("window"):
+                self.window = min(self.window or entry["window"], entry["window"])
+
+    # -- what the agent calls ------------------------------------------------------------------------------
+    def prepare(self, messages: Sequence[dict[str, Any]], deadline: float | None) -> list[dict[str, Any]]:
+        """What the model is sent next: the projection, compacted first when it would not fit."""
+        if not self.rate:
+            self.rate = self._recorded_rate(messages) or FIRST_RATE
+        projected = self.project(messages)
+        if self.window and self.estimate(projected) > self.trigger():
+            self.compact(messages, deadline, why="the conversation neared the context window")
+            projected = self.project(messages)
+        return projected
+
+    def complete(self, messages: Sequence[dict[str, Any]], projected: list[dict[str, Any]],
+                 deadline: float | None) -> Reply:
+        """The model's reply to `projected`; a context-length refusal compacts further and asks again."""
+        for attempt in range(OVERFLOW_RETRIES + 1):
+            try:
+                reply = self.model.complete(projected, deadline=deadline)
+            except ContextLengthError as error:
+                if attempt == OVERFLOW_RETRIES:
+                    raise
+                self._learn(projected, error)
+                if not self.compact(messages, deadline, why="the endpoint refused the prompt's length"):
+                    raise ContextLengthError(
+                        f"{error}; the conversation does not fit even compacted (the task and the newest "
+                        f"{self.keep_turns} turns are never cut): lower agent.keep_turns or agent.output_limit, "
+                        "or use a model with a larger context window", window=error.window) from None
+                projected = self.project(messages)
+                continue
+            if reply.usage.prompt_tokens > 0:
+                self.rate = reply.usage.prompt_tokens / max(1, _chars(projected))
+            return reply
+        raise AssertionError("unreachable")
+
+    # -- the projection ------------------------------------------------------------------------------------
+    def project(self, messages: Sequence[dict[str, Any]], end: int | None = None) -> list[dict[str, Any]]:
+        """What the model is sent of messages[:end] (all of them by default)."""
+        if not messages:
+            return []
+        start = self._start(messages)
+        checkpoint = self.checkpoint
+        summarised = checkpoint.summary and checkpoint.summary_through > start  # after this context's task
+        projected = [dict(messages[0])]
+        for i in range(1, len(messages) if end is None else end):
+            index, message = start + i - 1, messages[i]
+            if i == 1 and summarised:
+                summary = self.renderer.render("summary.j2", summary=checkpoint.summary)
+                projected.append({**message, "content": f"{message['content']}\n\n{summary}"})
+            elif i >= 2 and summarised and index <= checkpoint.summary_through:
+                continue
+            elif i >= 2 and index <= checkpoint.elided_through and message.get("role") in OBSERVATIONS:
+                projected.append({**message, "content": self._elide(index, message["content"])})
+            else:
+                projected.append(dict(message))
+        return projected
+
+    def estimate(self, projected: Sequence[dict[str, Any]]) -> int:
+        return int(_chars(projected) * self.rate)
+
+    def trigger(self) -> int:
+        return self.window - min(max(int(self.window * RESERVE_SHARE), RESERVE_MIN), self.window // 2)
+
+    # -- compacting ------------------------------------------------------------------------------------------
+    def compact(self, messages: Sequence[dict[str, Any]], deadline: float | None, *, why: str) -> bool:
+        """Elide, then summarise if need be, down to the goal; recorded. False when nothing could be cut."""
+        goal = int(self.trigger() * GOAL)
+        before, start, protected = self.estimate(self.project(messages)), self._start(messages), self._protected(messages)
+        entry: dict[str, Any] = {}
+        old = self.checkpoint
+        for i in range(2, protected):
+            index = start + i - 1
+            if index <= max(old.elided_through, old.summary_through) or messages[i].get("role") not in OBSERVATIONS:
+                continue
+            self.checkpoint = dataclasses.replace(self.checkpoint, elided_through=index)
+            if self.estimate(self.project(messages)) <= goal:
+                break
+        if self.estimate(self.project(messages)) > goal and protected > 2:
+            entry = self._summarise(messages, protected, deadline)
+        after = self.estimate(self.project(messages))
+        if self.checkpoint == old:
+            return False
+        self.trajectory.add_compaction({
+            "step": len(self.trajectory.steps), "at": now_iso(), "why": why,
+            "kind": "summary" if entry else "elide", "window": self.window,
+            "tokens_before": before, "tokens_after": after,
+            "elided_through": self.checkpoint.elided_through, "summary_through": self.checkpoint.summary_through,
+            **entry,
+        })
+        self.trajectory.save()
+        what = "summarised the middle of the conversation" if entry else "elided older observations"
+        self.notify(f"context compacted ({why}): {what}; about {before} → {after} tokens of a {self.window}-token window")
+        return True
+
+    def _summarise(self, messages: Sequence[dict[str, Any]], protected: int, deadline: float | None) -> dict[str, Any]:
+        """A frozen summary of messages[2:protected], made by the model from what it sees of them now."""
+        request = self.renderer.render("summarize.j2")
+        asked = [*self.project(messages, protected), {"role": "user", "content": request}]
+        summarize = getattr(self.model, "summarize", None)  # the replay model gives back the recorded summary
+        reply = summarize(asked, deadline=deadline) if summarize else self.model.complete(asked, deadline=deadline)
+        self.trajectory.add_usage(reply.usage)
+        summary = reply.content.strip()
+        self.checkpoint = Checkpoint(self.checkpoint.elided_through, self._start(messages) + protected - 2, summary)
+        return {"summary": summary, "usage": reply.usage.to_dict()}
+
+    def _learn(self, projected: Sequence[dict[str, Any]], error: ContextLengthError) -> None:
+        """What a refusal says about the window and the tokenizer; without numbers, the window is taken to be
+        a little under the refused prompt."""
+        if error.prompt_tokens:
+            self.rate = error.prompt_tokens / max(1, _chars(projected))
+        refused = self.estimate(projected)
+        window = error.window or int(refused * 0.95)
+        self.window = min(self.window, window) if self.window else window
+
+    def _recorded_rate(self, messages: Sequence[dict[str, Any]]) -> float:
+        """The rate the last recorded call showed (a resumed run, a fork, a loaded session), when what it was sent
+        can be told: the projection under the same checkpoint of the messages before its reply."""
+        steps, records = self.trajectory.steps, self.trajectory.messages
+        if not steps or not steps[-1].usage.prompt_tokens:
+            return 0.0
+        last = steps[-1].step
+        if self.trajectory.compactions and self.trajectory.compactions[-1].get("step", 0) >= last:
+            return 0.0  # compacted after that call: it was sent something else
+        reply = next((index for index in range(len(records) - 1, -1, -1)
+                      if records[index].role == "assistant" and records[index].step == last), None)
+        end = None if reply is None else reply - self._start(messages) + 1
+        if end is None or not 2 <= end <= len(messages):
+            return 0.0
+        return steps[-1].usage.prompt_tokens / max(1, _chars(self.project(messages, end)))
+
+    def _protected(self, messages: Sequence[dict[str, Any]]) -> int:
+        """Where the newest `keep_turns` turns begin (an assistant message): nothing from there on is cut."""
+        turns = [i for i in range(2, len(messages)) if messages[i].get("role") == "assistant"]
+        return turns[-self.keep_turns] if len(turns) >= self.keep_turns else 2
+
+    def _start(self, messages: Sequence[dict[str, Any]]) -> int:
+        """The trajectory index of messages[1]: the agent's messages after the first are the trajectory's last
+        ones (a chat session's context begins with a system message from before it)."""
+        return len(self.trajectory.messages) - len(messages) + 1
+
+    def _elide(self, index: int, content: str) -> str:
+        if index not in self._elided:
+            head = content.split("\n", 1)[0][:200]
+            elided = self.renderer.render("elided.j2", head=head, chars=len(content))
+            self._elided[index] = elided if len(elided) < len(content) else content
+        return self._elided[index]
+
+
+def _chars(messages: Sequence[dict[str, Any]]) -> int:
+    return sum(len(m.get("content") or "") if isinstance(m.get("content"), (str, type(None))) else len(str(m["content"]))
+               for m in messages)

@@ -1,0 +1,122 @@
+"""Context compaction against a server that enforces a context window: runs long enough to outgrow it go on
+(older observations elided, then a summary standing in for the middle), the record keeps everything, the
+prompt grows only at its end between compactions, and a refusal for length is compacted and asked again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import SUBMIT, act
+from openai_server import ScriptedServer
+
+SUMMARY_REQUEST = "outgrow your context window"
+WINDOW = 8000  # tokens; the scripted server counts 4 characters a token
+SUMMARY = "SUMMARY: printed blocks of o's; nothing else matters."
+
+
+def printer(n: int, size: int = 2000) -> str:
+    """A step whose output is `size` characters, different per step (so loop detection stays quiet)."""
+    return act(f"echo step-{n}; head -c {size} /dev/zero | tr '\\0' o; echo")
+
+
+def contents(request) -> list[str]:
+    return [m["content"] for m in request["body"]["messages"]]
+
+
+def chat_requests(server) -> list[dict]:
+    return [r for r in server.requests if r["path"].endswith("/chat/completions")]
+
+
+def run(cli, server, *extra: str):
+    result = cli("run", "print blocks", "--base-url", server.base_url, "-m", "m", "-o", "t.json", "--step-limit", "40",
+                 *extra)
+    return result
+
+
+def test_a_long_run_elides_old_observations_keeps_everything_on_record_and_the_prefix_stable(cli, tmp_path):
+    with ScriptedServer([printer(n) for n in range(1, 13)] + [SUBMIT], context_window=WINDOW) as server:
+        result = run(cli, server, "-c", f"agent.context_window={WINDOW}", "-c", "agent.keep_turns=2")
+        assert result.returncode == 0, result.stderr
+        assert server.overflows == 0, "compaction kept every prompt within the window"
+        requests = chat_requests(server)
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["exit_status"] == "Submitted"
+    compactions = data["compactions"]
+    assert compactions and all(c["kind"] == "elide" and c["window"] == WINDOW for c in compactions)
+    assert all(c["tokens_after"] < c["tokens_before"] for c in compactions)
+    assert "context compacted" in result.stderr
+    # the record keeps every output whole
+    assert sum("o" * 2000 in m["content"] for m in data["messages"] if m["role"] == "user") == 12
+    last = contents(requests[-1])
+    assert sum("elided to keep the conversation within the context window" in c for c in last) >= 5
+    assert all("o" * 2000 in c for c in last[-4:] if c.startswith("<")), "the newest turns are never cut"
+    assert last[0] == data["messages"][0]["content"] and last[1] == data["messages"][1]["content"]
+    # between compactions each prompt is the previous one plus what happened since: a prefix cache keeps working
+    grown = sum(contents(b)[:len(contents(a))] == contents(a) for a, b in zip(requests, requests[1:]))
+    assert grown == len(requests) - 1 - len(compactions)
+
+
+def test_when_eliding_is_not_enough_a_frozen_summary_stands_in_for_the_middle(cli, tmp_path):
+    long_thought = "THOUGHT: " + "thinking hard about the blocks. " * 120  # ~3,800 characters no elision removes
+    replies = [printer(n) if n % 2 else act(f"echo step-{n}", long_thought) for n in range(1, 15)] + [SUBMIT]
+    with ScriptedServer(replies, context_window=WINDOW, rules=[(SUMMARY_REQUEST, SUMMARY)]) as server:
+        result = run(cli, server, "-c", f"agent.context_window={WINDOW}", "-c", "agent.keep_turns=2")
+        assert result.returncode == 0, result.stderr
+        assert server.overflows == 0
+        requests = chat_requests(server)
+    data = json.loads((tmp_path / "t.json").read_text())
+    summaries = [c for c in data["compactions"] if c["kind"] == "summary"]
+    assert summaries and summaries[0]["summary"] == SUMMARY and summaries[0]["usage"]["model_calls"] == 1
+    asked = [r for r in requests if SUMMARY_REQUEST in contents(r)[-1]]
+    assert len(asked) == len(summaries), "one summary call per summary checkpoint"
+    last = contents(requests[-1])
+    assert SUMMARY in last[1] and last[1].startswith(data["messages"][1]["content"]), "the summary rides on the task"
+    assert sum(long_thought in c for c in last) <= 2, "the summarised middle is not sent again"
+    assert sum(m["content"].startswith(long_thought) for m in data["messages"]) == 7, "the record keeps it all"
+    assert data["usage"]["model_calls"] == len(requests), "the summary calls are paid for in the run's usage"
+
+
+@pytest.mark.parametrize("style", ["openai", "llamacpp", "plain"])
+def test_a_refusal_for_length_teaches_the_window_and_the_call_is_made_again(cli, tmp_path, style):
+    with ScriptedServer([printer(n, 3000) for n in range(1, 13)] + [SUBMIT], context_window=WINDOW,
+                        overflow_style=style, rules=[(SUMMARY_REQUEST, SUMMARY)]) as server:
+        result = run(cli, server, "-c", "agent.keep_turns=2")  # no window configured
+        assert result.returncode == 0, result.stderr
+        assert server.overflows >= 1
+    data = json.loads((tmp_path / "t.json").read_text())
+    first = data["compactions"][0]
+    assert first["why"] == "the endpoint refused the prompt's length"
+    if style == "plain":  # no numbers in the refusal: taken to be a little under the refused prompt
+        assert WINDOW * 0.9 <= first["window"] < first["tokens_before"]
+    else:
+        assert first["window"] == WINDOW
+    assert data["exit_status"] == "Submitted" and len(data["steps"]) == 13
+
+
+def test_a_conversation_that_cannot_fit_ends_with_a_clear_model_error(cli, tmp_path):
+    with ScriptedServer([printer(n, 6000) for n in range(1, 6)] + [SUBMIT], context_window=3000) as server:
+        result = run(cli, server, "-c", "agent.keep_turns=4")
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert result.returncode == 3 and data["exit_status"] == "ModelError"
+    assert "does not fit even compacted" in data["exit_detail"] and "agent.keep_turns" in data["exit_detail"]
+    assert len(data["steps"]) >= 1, "the finished steps stay on record"
+
+
+def test_a_forked_run_goes_on_from_the_same_checkpoint(cli, tmp_path):
+    replies = [printer(n) for n in range(1, 13)] + [SUBMIT]
+    flags = ("-c", f"agent.context_window={WINDOW}", "-c", "agent.keep_turns=2")
+    with ScriptedServer(replies, context_window=WINDOW) as server:
+        first = cli("run", "print blocks", "--base-url", server.base_url, "-m", "m", "-o", "t.json",
+                    "--step-limit", "9", *flags)
+        assert first.returncode == 1, first.stderr  # LimitsExceeded, after compacting
+        before = json.loads((tmp_path / "t.json").read_text())
+        assert before["compactions"]
+        last_sent = contents(chat_requests(server)[-1])
+        again = cli("run", "--fork", "t.json", "--from-step", "9", "-o", "f.json", "--force", "--base-url", server.base_url,
+                    "-m", "m", "--step-limit", "40", *flags)
+        assert again.returncode == 0, again.stderr
+        resumed = contents(chat_requests(server)[9])
+    assert resumed[:len(last_sent)] == last_sent, "the first prompt of the fork extends the last one before"
+    assert json.loads((tmp_path / "f.json").read_text())["compactions"][:len(before["compactions"])] == before["compactions"]
