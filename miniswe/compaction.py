@@ -46,6 +46,9 @@ class Checkpoint:
     summary: str = ""
 
 
+NOTHING = Checkpoint()
+
+
 class Compactor:
     def __init__(self, agent_config: Any, trajectory: Trajectory, model: Model, renderer: Renderer,
                  notify: Callable[[str], None] = lambda message: None):
@@ -56,7 +59,7 @@ class Compactor:
         self.keep_turns = max(1, agent_config.keep_turns)
         self.window = agent_config.context_window
         self.rate = 0.0  # tokens per character sent; calibrated by each answer's prompt tokens
-        self.checkpoint = Checkpoint()
+        self.checkpoint = NOTHING
         self._elided: dict[int, str] = {}  # message index → its elided form, rendered once
         summary = ""
         for entry in trajectory.compactions:  # a resumed run, a loaded session: the same projection as before
@@ -104,6 +107,8 @@ class Compactor:
         """What the model is sent of messages[:end] (all of them by default)."""
         if not messages:
             return []
+        if self.checkpoint == NOTHING:  # nothing compacted yet: the conversation as it is
+            return list(messages[:end])
         start = self._start(messages)
         checkpoint = self.checkpoint
         summarised = checkpoint.summary and checkpoint.summary_through > start  # after this context's task
