@@ -243,10 +243,10 @@ def replay(
         from miniswe.output import add_secrets
         from miniswe.redaction import restore_secrets, run_secrets
         from miniswe.replay import replay_recording
+        from miniswe.foreign import load_any
         from miniswe.signals import SignalHandlers, Stop
-        from miniswe.trajectory import load
 
-        recording = load(trajectory)
+        recording = load_any(trajectory)  # the reference implementation's runs replay too
         cfg = resolve_config(config, {"cwd": cwd}, base=restore_secrets(recording.config))
         if mask:
             from miniswe.config import override

@@ -176,3 +176,21 @@ def test_secrets_in_the_reference_config_are_masked_everywhere(tmp_path):
     assert secret not in document and "ghp_" + "x" * 30 not in document
     assert trajectory.steps[0].output.startswith("*** Cloning")
     assert trajectory.config["environment"]["env"]["GITHUB_TOKEN"] == "***"
+
+
+def test_a_reference_run_replays_with_miniswe(cli, tmp_path):
+    fence = "```"
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": f"THOUGHT: greet.\n\n{fence}bash\necho hello; echo world >&2\n{fence}"},
+        {"role": "user", "content": "<returncode>0</returncode>\n<output>\nhello\nworld\n</output>"},
+        {"role": "assistant", "content": f"THOUGHT: count.\n\n{fence}bash\nls | wc -l\n{fence}"},
+        {"role": "user", "content": "<returncode>0</returncode>\n<output>\n7\n</output>"},
+    ]
+    (tmp_path / "reference.traj.json").write_text(json.dumps(messages))
+    (tmp_path / "work").mkdir()
+    result = cli("replay", "reference.traj.json", "--cwd", "work", "-c", "environment.kind=local")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith("diverged at step 2"), "step 1 matched; step 2's folder differs"
+    assert "+0" in result.stdout and "-7" in result.stdout
