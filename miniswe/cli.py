@@ -104,7 +104,8 @@ def _run_new(task: str, config: list[str], flags: dict, output: str | None, stop
     from miniswe.errors import UsageError
     from miniswe.output import add_secrets
     from miniswe.redaction import run_secrets
-    from miniswe.runner import check_ready, default_trajectory_path, new_run_id, run_task
+    from miniswe.runner import check_ready, run_task
+    from miniswe.trajectory import default_trajectory_path, new_run_id
     from miniswe.signals import SignalHandlers
 
     cfg = resolve_config(config, flags)
@@ -379,7 +380,7 @@ def demo(
     try:
         from miniswe.batch.run import BatchOptions
         from miniswe.resources import config_dir
-        from miniswe.runner import new_run_id
+        from miniswe.trajectory import new_run_id
 
         online = flags["model"] or flags["base_url"] or (os.environ.get("OPENAI_BASE_URL") and os.environ.get("MINISWE_MODEL"))
         if not online:  # the scripted model, with each demo task's own replies file, named after its id

@@ -14,7 +14,7 @@ from miniswe.environments import CommandResult, Environment
 from miniswe.environments.capture import elision_notice
 from miniswe.limits import NO_TIMEOUT
 from miniswe.signals import Stop
-from miniswe.trajectory import Step, Trajectory
+from miniswe.trajectory import Step, Trajectory, new_run_id
 
 DIFF_LINES = 20
 MASK = "<varies>"
@@ -141,7 +141,6 @@ def replay_recording(trajectory: Trajectory, config: Any, *, until: int | None, 
     """`rerun` in a fresh environment of the recorded kind, built from `config`, closed afterwards."""
     from miniswe.environments import build_environment
     from miniswe.redaction import run_secrets
-    from miniswe.runner import new_run_id
 
     env = build_environment(config.environment, run_id=new_run_id(), stop=stop,
                             hidden_env=[getattr(config.model, "api_key_env", "")])

@@ -14,9 +14,9 @@ from miniswe.config import Config
 from miniswe.environments import environment_class
 from miniswe.errors import UsageError
 from miniswe.redaction import masked_config, restore_secrets, run_secrets
-from miniswe.runner import RunResult, check_ready, continue_run, new_run_id
+from miniswe.runner import RunResult, check_ready, continue_run
 from miniswe.status import is_agent_outcome
-from miniswe.trajectory import Trajectory, fork, load
+from miniswe.trajectory import Trajectory, fork, load, new_run_id
 
 
 def recorded_config(trajectory: Trajectory, sources: list[str], flags: dict[str, Any]) -> Config:

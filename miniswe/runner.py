@@ -7,10 +7,6 @@ failure, a bug, a stop) becomes its outcome.
 
 from __future__ import annotations
 
-import os
-import re
-import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +23,7 @@ from miniswe.replay import Checked, Divergence, rerun
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
 from miniswe.templates import Renderer, prompt_variables
-from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory
+from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory, new_run_id
 from miniswe.usage import Usage
 
 
@@ -37,15 +33,6 @@ class RunResult:
     trajectory: Trajectory
     resolved: bool | None = None
     diverged: Divergence | None = None  # a continued run stopped because its environment did not replay the same
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-def default_trajectory_path(task: str, run_id: str) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "-", task.lower())[:40].strip("-") or "task"
-    return os.path.join("trajectories", f"{run_id}-{slug}.traj.json")
 
 
 def build_model(config: Config, **context: Any) -> Model:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -25,6 +26,15 @@ FORMAT = "miniswe-trajectory"
 VERSION = 2
 # A setup or eval command's output is kept as its tail: enough to see why it failed.
 COMMAND_TAIL = 2000
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def default_trajectory_path(task: str, run_id: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", task.lower())[:40].strip("-") or "task"
+    return os.path.join("trajectories", f"{run_id}-{slug}.traj.json")
 
 
 def iso_time(seconds: float) -> str:

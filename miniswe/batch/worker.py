@@ -19,11 +19,11 @@ from miniswe.errors import TrajectoryError
 from miniswe.models.gate import CallGate
 from miniswe.redaction import masked_config
 from miniswe.resume import changes, keeps_state
-from miniswe.runner import continue_run, new_run_id, run_task
+from miniswe.runner import continue_run, run_task
 from miniswe.signals import Stop
 from miniswe.status import Outcome, outcome_of
 from miniswe.templates import Renderer
-from miniswe.trajectory import Trajectory, close_unfinished, load
+from miniswe.trajectory import Trajectory, close_unfinished, load, new_run_id
 
 
 @dataclass(frozen=True)

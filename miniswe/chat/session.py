@@ -19,11 +19,11 @@ from miniswe.chat import store
 from miniswe.config import Config
 from miniswe.errors import UsageError
 from miniswe.redaction import masked_config, run_secrets
-from miniswe.runner import build_model, close_environment, make_agent, new_run_id, open_environment
+from miniswe.runner import build_model, close_environment, make_agent, open_environment
 from miniswe.signals import Stop
 from miniswe.status import Outcome, outcome_of
 from miniswe.templates import Renderer
-from miniswe.trajectory import Trajectory, load, now_iso
+from miniswe.trajectory import Trajectory, load, new_run_id, now_iso
 from miniswe.usage import Usage
 
 
