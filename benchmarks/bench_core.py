@@ -4,7 +4,8 @@
 
 Reports: `miniswe --help` wall time; wall time and peak RSS of a run that ends at its first step;
 per-step overhead (server's answer -> the agent's next request) over N steps, against a bare stdlib
-loop doing the same HTTP call, regex and `bash -c` per step; peak RSS of a run whose commands each
+loop doing the same HTTP call, regex and `bash -c` per step, and with context compaction at work (2 KB
+outputs, a 16k-token window enforced by the server); peak RSS of a run whose commands each
 print 100 MB.
 """
 
@@ -91,16 +92,31 @@ def main() -> None:
     rows.append(("one-step run peak RSS", f"{max(o[1] for o in one):.1f} MB", "< 60 MB"))
 
     # Interleaved rounds, medians: a shared VM's noise moves single runs by 30% or more.
-    results: dict[str, list[list[float]]] = {"-q": [], "default display": [], "bare loop": []}
+    results: dict[str, list[list[float]]] = {"-q": [], "default display": [], "-q, 2 KB outputs": [],
+                                           "-q, 2 KB outputs, compacting": [], "bare loop": []}
+    compactions = []
+    steps = [act(f"echo step output {n}") for n in range(args.steps)]  # distinct: loop detection stays quiet
     for _ in range(args.rounds):
         for label, quiet in (("default display", []), ("-q", ["-q"])):
-            with ScriptedServer([act("echo step output")] * args.steps + [SUBMIT]) as server:
+            with ScriptedServer(steps + [SUBMIT]) as server:
                 argv = [sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m",
                         "--step-limit", str(args.steps + 1), "-o", "long.json", *quiet]
                 code = child_peak_rss(argv, work, env)[2]
                 assert code == 0, f"benchmark run failed with exit {code}"
                 results[label].append(gaps(server.requests))
-        with ScriptedServer([act("echo step output")] * (args.steps + 1)) as server:
+        printer = [act(f"echo {n}; head -c 2000 /dev/zero | tr '\\0' o") for n in range(args.steps)]
+        for label, window in (("-q, 2 KB outputs", 0), ("-q, 2 KB outputs, compacting", 16_000)):
+            with ScriptedServer(printer + [SUBMIT], context_window=window,
+                                rules=[("outgrow your context window", "SUMMARY: printed blocks.")]) as server:
+                argv = [sys.executable, "-m", "miniswe", "run", "bench", "--base-url", server.base_url, "-m", "m", "-q",
+                        "--step-limit", "0", "-o", "printer.json", "-c", f"agent.context_window={window}"]
+                code = child_peak_rss(argv, work, env)[2]
+                assert code == 0 and not server.overflows, f"{label} run failed with exit {code}"
+                results[label].append(gaps(server.requests))
+            if window:
+                with open(os.path.join(work, "printer.json")) as handle:
+                    compactions.append(len(json.load(handle).get("compactions", [])))
+        with ScriptedServer(steps + [steps[0]]) as server:
             bare_loop(server.base_url, args.steps + 1)
             results["bare loop"].append(gaps(server.requests))
     bare = statistics.median(statistics.median(run) for run in results["bare loop"])
@@ -110,6 +126,8 @@ def main() -> None:
         last = statistics.median(g for run in runs for g in run[-10:])
         rows.append((f"per-step gap, {label}: median / first 10 / last 10", f"{typical:.2f} / {first:.2f} / {last:.2f} ms",
                      f"{typical / bare:.2f}x bare; last/first {last / first:.2f}"))
+
+    rows.append(("compactions per compacting run", str(statistics.median(compactions)), "elisions and summaries"))
 
     with ScriptedServer([act("head -c 100000000 /dev/zero | tr '\\0' x")] * 3 + [SUBMIT]) as server:
         wall, rss, code = child_peak_rss([sys.executable, "-m", "miniswe", "run", "flood", "--base-url", server.base_url,
