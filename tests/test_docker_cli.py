@@ -468,3 +468,48 @@ def test_run_with_podman(runs, server):
     assert data["environment"]["executable"] == "podman"
     assert containers_of(data["metadata"]["run_id"]) == []  # not on the docker engine, either
     assert_gone(proc, "podman")
+
+
+# ---------------------------------------------------------------- chat in a container
+
+
+def test_chat_in_a_container_survives_ctrl_c_and_leaves_nothing_behind(server, tmp_path):
+    pytest.importorskip("pyte")
+    pytest.importorskip("prompt_toolkit")
+    from terminal import Terminal
+
+    server.push(act("echo started; sleep 30"), act("test -f /.dockerenv && echo in-a-container"), SUBMIT,
+                act("cat /tmp/kept || echo gone"), SUBMIT)
+    home = tmp_path / "home"
+    home.mkdir()
+    term = Terminal(miniswe_cmd("chat", *endpoint(server), "--image", IMAGE, "--mode", "yolo"),
+                    env=clean_env(MINISWE_HOME=str(home), TERM="xterm-256color"), cwd=str(tmp_path))
+    try:
+        prompt = r"\[yolo\]>"
+        term.wait_prompt(prompt, timeout=60)
+        term.type("wait a while")
+        term.send("\r")
+        term.wait_for(r"\$ echo started; sleep 30")
+        term.pump(1.0)
+        term.send(b"\x03")  # stops the command inside the container, not the session
+        term.wait_for(r"aborted \(SIGINT\)", timeout=15)
+        term.wait_prompt(prompt)
+        term.type("go on")
+        term.send("\r")
+        term.wait_for("in-a-container")
+        term.wait_for(r"done \(submitted\)")
+        term.wait_prompt(prompt)
+        term.type("one more")
+        term.send("\r")
+        term.wait_for(r"done \(submitted\)", count=2)
+        term.wait_prompt(prompt)
+        term.send(b"\x04")
+        assert term.wait_exit(timeout=60) == 0
+    finally:
+        term.close()
+    data = json.loads((home / "sessions" / "autosave.traj.json").read_text())
+    assert data["steps"][0]["aborted"] == "SIGINT" and data["steps"][0]["output"] == "started\n"
+    assert data["steps"][1]["output"] == "in-a-container\n", "the same container ran the next turn"
+    container = data["environment"]["container"]
+    assert containers_of(data["metadata"]["run_id"]) == [], f"{container} outlived the chat"
+    assert host_processes_naming(container) == []
