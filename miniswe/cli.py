@@ -9,6 +9,7 @@ from typing import Annotated, NoReturn, Optional
 import typer
 
 from miniswe.flags import BATCH_FLAGS, RUN_FLAGS, ConfigOpt, resolve_config, with_flags
+from miniswe.output import guard_streams, visible
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -23,7 +24,7 @@ QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="Print only the fi
 
 def fail(error: Exception) -> NoReturn:
     """One line on stderr, then the exit code of the error's class."""
-    print(f"miniswe: {error}", file=sys.stderr)
+    print(f"miniswe: {visible(str(error))}", file=sys.stderr)  # a server's message is not trusted with the terminal
     raise typer.Exit(getattr(error, "exit_code", 3))
 
 
@@ -85,7 +86,7 @@ def run(
                 print(f"miniswe: stopped: the fresh environment does not replay the recording at {result.diverged}; "
                       "pass --force to go on anyway", file=sys.stderr)
                 if result.diverged.diff:
-                    print(result.diverged.diff, file=sys.stderr)
+                    print(visible(result.diverged.diff), file=sys.stderr)
                 raise typer.Exit(3)
         else:
             result = _run_new(_read_task(task, task_file), config, flags, output, stop, services)
@@ -131,9 +132,9 @@ def _report_end(result, display, summary_line) -> NoReturn:
     outcome = result.outcome
     last = (outcome.detail or "").strip().splitlines()[-1:] or [""]
     if outcome.status is ExitStatus.ERROR:
-        print(f"miniswe: internal error (traceback saved in {result.trajectory.path}): {last[0]}", file=sys.stderr)
+        print(f"miniswe: internal error (traceback saved in {result.trajectory.path}): {visible(last[0])}", file=sys.stderr)
     elif outcome.status is not ExitStatus.SUBMITTED and outcome.detail:
-        print(f"miniswe: {outcome.status}: {last[0]}", file=sys.stderr)
+        print(f"miniswe: {outcome.status}: {visible(last[0])}", file=sys.stderr)
     display.final(summary_line(result.trajectory, result.resolved))
     raise typer.Exit(run_exit_code(outcome))
 
@@ -263,7 +264,7 @@ def replay(
 
         def progress(checked) -> None:
             if not quiet:
-                print(f"miniswe: {_checked_line(checked)}", file=sys.stderr, flush=True)
+                print(f"miniswe: {visible(_checked_line(checked))}", file=sys.stderr, flush=True)
 
         with SignalHandlers(stop, first_urgent=True) as signals:
             count, divergence = replay_recording(recording, cfg, until=until, stop=stop, on_check=progress)
@@ -274,7 +275,7 @@ def replay(
 
         raise typer.Exit(signal_exit_code(signals.signal_name))
     if divergence:
-        print(f"diverged at {divergence}" + (f"\n{divergence.diff}" if divergence.diff else ""), flush=True)
+        print(visible(f"diverged at {divergence}" + (f"\n{divergence.diff}" if divergence.diff else "")), flush=True)
         raise typer.Exit(1)
     print(f"matched: {count} command(s) gave their recorded output", flush=True)
 
@@ -304,7 +305,7 @@ def report(
     except MinisweError as error:
         fail(error)
     numbers = build_report(records)
-    print(json.dumps(numbers, indent=2) if as_json else render_markdown(numbers, records, run, os.path.abspath(run_dir)))
+    print(json.dumps(numbers, indent=2) if as_json else visible(render_markdown(numbers, records, run, os.path.abspath(run_dir))))
 
 
 @app.command("inspect")
@@ -359,7 +360,7 @@ def merge(
         numbers, markdown = merge_runs(run_dirs, output, force=force)
     except MinisweError as error:
         fail(error)
-    print(json.dumps(numbers, indent=2) if as_json else markdown)
+    print(json.dumps(numbers, indent=2) if as_json else visible(markdown))
 
 
 @app.command()
@@ -407,7 +408,7 @@ def _run_batch(cfg, options) -> None:
         resolved = f" · resolved {result.report['resolved']}/{result.report['evaluated']}" if result.report["evaluated"] else ""
         print(f"{result.report['tasks']} tasks · {counts}{resolved} · {result.run_dir}", flush=True)
     else:
-        print(result.markdown, flush=True)
+        print(visible(result.markdown), flush=True)
     raise typer.Exit(result.exit_code)
 
 
@@ -463,7 +464,5 @@ def _warn_orphans(cfg) -> None:
 
 
 def main() -> None:
-    from miniswe.output import guard_streams
-
     guard_streams()
     app()

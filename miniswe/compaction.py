@@ -91,10 +91,7 @@ class Compactor:
                     raise
                 self._learn(projected, error)
                 if not self.compact(messages, deadline, why="the endpoint refused the prompt's length"):
-                    raise ContextLengthError(
-                        f"{error}; the conversation does not fit even compacted (the task and the newest "
-                        f"{self.keep_turns} turns are never cut): lower agent.keep_turns or agent.output_limit, "
-                        "or use a model with a larger context window", window=error.window) from None
+                    raise self._no_fit(messages, error) from None
                 projected = self.project(messages)
                 continue
             if reply.usage.prompt_tokens > 0:
@@ -167,12 +164,27 @@ class Compactor:
         """A frozen summary of messages[2:protected], made by the model from what it sees of them now."""
         request = self.renderer.render("summarize.j2")
         asked = [*self.project(messages, protected), {"role": "user", "content": request}]
+        if self.estimate(asked) > self.trigger():
+            return {}  # the request itself would not fit: what was elided is all there is to do
         summarize = getattr(self.model, "summarize", None)  # the replay model gives back the recorded summary
-        reply = summarize(asked, deadline=deadline) if summarize else self.model.complete(asked, deadline=deadline)
+        try:
+            reply = summarize(asked, deadline=deadline) if summarize else self.model.complete(asked, deadline=deadline)
+        except ContextLengthError as error:
+            self._learn(asked, error)
+            return {}
         self.trajectory.add_usage(reply.usage)
         summary = reply.content.strip()
         self.checkpoint = Checkpoint(self.checkpoint.elided_through, self._start(messages) + protected - 2, summary)
         return {"summary": summary, "usage": reply.usage.to_dict()}
+
+    def _no_fit(self, messages: Sequence[dict[str, Any]], error: ContextLengthError) -> ContextLengthError:
+        if not any(m.get("role") == "assistant" for m in messages[2:]):
+            fix = (f"the system prompt and the task alone exceed the model's context window ({self.window} tokens): "
+                   "shorten the task or use a model (or server setting) with a larger window")
+        else:
+            fix = (f"the conversation does not fit even compacted (the task and the newest {self.keep_turns} turns "
+                   "are never cut): lower agent.keep_turns or agent.output_limit, or use a larger context window")
+        return ContextLengthError(f"{error}; {fix}", window=error.window)
 
     def _learn(self, projected: Sequence[dict[str, Any]], error: ContextLengthError) -> None:
         """What a refusal says about the window and the tokenizer; without numbers, the window is taken to be

@@ -9,20 +9,10 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from miniswe.output import visible
 from miniswe.trajectory import Step, Trajectory
 
 PREVIEW_LINES = 8
-
-
-# Control characters a recorded output may hold (ESC starts sequences that recolour, retitle or even write the
-# clipboard of the terminal showing it), as visible symbols: C0 as its Control Picture, DEL and C1 as \xNN.
-_VISIBLE = {**{code: chr(0x2400 + code) for code in range(32) if chr(code) not in "\t\n"}, 0x7F: "\u2421",
-            **{code: f"\\x{code:02x}" for code in range(0x80, 0xA0)}}
-
-
-def visible(text: str) -> str:
-    """`text` safe to print on a terminal: line breaks and tabs kept, every other control character shown."""
-    return text.replace("\r\n", "\n").translate(_VISIBLE)
 
 
 def trimmed(text: str, lines: int = PREVIEW_LINES) -> str:
@@ -75,18 +65,19 @@ class PlainDisplay:
         out = self.progress
         out.write(f"--- step {step.step}\n")
         if step.thought:
-            out.write(trimmed(step.thought, 4) + "\n")
+            out.write(visible(trimmed(step.thought, 4)) + "\n")
         if step.format_error:
             out.write(f"! format error: {step.format_error}\n")
         else:
-            out.write(f"$ {step.command}\n{trimmed(step.output)}\n[{step_status(step)} · {step.duration_s:.2f}s]\n")
+            out.write(f"$ {visible(step.command or '')}\n{visible(trimmed(step.output))}\n"
+                      f"[{step_status(step)} · {step.duration_s:.2f}s]\n")
         out.flush()
 
     def notice(self, message: str) -> None:
-        print(f"miniswe: {message}", file=self.progress, flush=True)
+        print(f"miniswe: {visible(message)}", file=self.progress, flush=True)
 
     def final(self, line: str) -> None:
-        print(line, file=self.data, flush=True)
+        print(visible(line), file=self.data, flush=True)
 
 
 class RichDisplay(PlainDisplay):
@@ -102,13 +93,13 @@ class RichDisplay(PlainDisplay):
         console = self.console
         console.rule(f"step {step.step}", style="dim")
         if step.thought:
-            console.print(escape(trimmed(step.thought, 6)), style="italic dim")
+            console.print(escape(visible(trimmed(step.thought, 6))), style="italic dim")
         if step.format_error:
             console.print(f"format error: {step.format_error}", style="bold red")
             return
-        console.print("$ " + escape(step.command or ""), style="bold yellow")
+        console.print("$ " + escape(visible(step.command or "")), style="bold yellow")
         if step.output.strip():
-            console.print(escape(trimmed(step.output)))
+            console.print(escape(visible(trimmed(step.output))))
         ok = step.returncode == 0
         console.print(f"[{'green' if ok else 'red'}]{escape(step_status(step))}[/] [dim]· {step.duration_s:.2f}s[/]")
 

@@ -10,6 +10,19 @@ from typing import TextIO
 from miniswe.redaction import Secrets
 
 
+# Control characters a model's reply, a command's output or a server's message may hold (ESC starts sequences
+# that recolour, retitle or even write the clipboard of the terminal showing it), as visible symbols: C0 as its
+# Control Picture, DEL and C1 as \xNN. Everything miniswe shows of them goes through `visible`; miniswe's own
+# colours are added after.
+_VISIBLE = {**{code: chr(0x2400 + code) for code in range(32) if chr(code) not in "\t\n"}, 0x7F: "\u2421",
+            **{code: f"\\x{code:02x}" for code in range(0x80, 0xA0)}}
+
+
+def visible(text: str) -> str:
+    """`text` safe to print on a terminal: line breaks and tabs kept, every other control character shown."""
+    return text.replace("\r\n", "\n").translate(_VISIBLE)
+
+
 class GuardedStream(io.TextIOBase):
     """A text stream that masks the run's secrets in everything written, and goes quiet, for good, when
     writing fails (EPIPE, EIO): the run goes on and still records its end."""

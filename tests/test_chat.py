@@ -329,3 +329,15 @@ def test_ctrl_c_while_the_model_streams_or_thinks_cuts_the_call_and_the_session_
     data = autosave(home)
     assert [t["exit_status"] for t in data["session"]["turns"]] == ["Interrupted", "Interrupted", "Submitted"]
     assert len(data["steps"]) == 1  # the cut calls left no step; the conversation went on
+
+
+def test_escape_sequences_in_replies_and_outputs_are_shown_not_obeyed(terminals, server, home, work):
+    server.push({"content": "THOUGHT: \x1b]0;retitled\x07 look.\n\n```bash\nprintf 'x\\033]52;c;Y2xpcA==\\007y\\n'\n```"},
+                SUBMIT)
+    term = start(terminals, server, home, work, "--mode", "yolo")
+    say(term, "print something odd")
+    term.wait_for(r"done \(submitted\)")
+    assert b"\x1b]0;retitled" not in term.raw and b"\x1b]52;" not in term.raw, "no OSC sequence reached the terminal"
+    assert "␛]0;retitled␇ look." in term.text() and "x␛]52;c;Y2xpcA==␇y" in term.text()
+    term.send(b"\x04")
+    assert term.wait_exit() == 0

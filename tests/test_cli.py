@@ -507,3 +507,16 @@ def test_a_submission_larger_than_the_capture_is_refused_not_cut(cli, server, tm
     whole = cli("run", "x", *endpoint(server), "-o", "t2.json", "-c", "environment.capture_limit=0")
     assert whole.returncode == 0, whole.stderr
     assert json.loads((tmp_path / "t2.json").read_text())["submission"] == "".join(f"{i}\n" for i in range(1, 300001))
+
+
+def test_escape_sequences_from_the_model_a_command_or_the_server_never_reach_the_terminal(cli, server, tmp_path):
+    """A reply, an output or an error message may hold ESC sequences (clear the screen, retitle the window, write
+    the clipboard): shown as visible symbols, recorded as they were."""
+    server.push(act("printf 'a\\033[2Jb\\033]0;pwned\\007c\\n'", thought="THOUGHT: \x1b[31mred\x1b[0m"),
+                {"status": 400, "body": {"error": {"message": "bad \x1b]52;c;Y2xpcA==\x07 request"}}})
+    result = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", "t.json")
+    assert result.returncode == 3, result.stderr
+    assert "\x1b" not in result.stderr + result.stdout and "\x07" not in result.stderr + result.stdout
+    assert "a␛[2Jb␛]0;pwned␇c" in result.stderr and "␛[31mred" in result.stderr and "bad ␛]52;c;" in result.stderr
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["steps"][0]["output"] == "a\x1b[2Jb\x1b]0;pwned\x07c\n", "the record keeps the bytes"

@@ -120,3 +120,40 @@ def test_a_forked_run_goes_on_from_the_same_checkpoint(cli, tmp_path):
         resumed = contents(chat_requests(server)[9])
     assert resumed[:len(last_sent)] == last_sent, "the first prompt of the fork extends the last one before"
     assert json.loads((tmp_path / "f.json").read_text())["compactions"][:len(before["compactions"])] == before["compactions"]
+
+
+def test_a_task_longer_than_the_window_ends_at_once_saying_so(cli, tmp_path):
+    with ScriptedServer([SUBMIT], context_window=1000, overflow_style="llamacpp") as server:
+        result = cli("run", "x" * 8000, "--base-url", server.base_url, "-m", "m", "-o", "t.json")
+    assert result.returncode == 3
+    assert "the system prompt and the task alone exceed the model's context window (1000 tokens)" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+# The refusals of real servers, as they word them (llama.cpp's recorded from build 11434).
+REFUSALS = [
+    ({"code": 400, "message": "request (1618 tokens) exceeds the available context size (512 tokens), try increasing it",
+      "type": "exceed_context_size_error", "n_prompt_tokens": 1618, "n_ctx": 512}, (512, 1618)),
+    ({"code": 400, "message": "request (1618 tokens) exceeds the available context size (512 tokens), try increasing it",
+      "type": "exceed_context_size_error"}, (512, 1618)),
+    ({"message": "input (3000 tokens) is larger than the max context size (2048 tokens). skipping"}, (2048, 3000)),
+    ({"message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the "
+                 "messages, 1000 in the completion).", "code": "context_length_exceeded"}, (4096, 5000)),
+    ({"message": "prompt is too long: 210000 tokens > 200000 maximum"}, (200000, 210000)),
+    ({"message": "Input is too long for the model's context window."}, (None, None)),
+    ({"message": "Failed to initialize samplers: failed to parse grammar", "type": "invalid_request_error"}, None),
+]
+
+
+@pytest.mark.parametrize(("error", "expected"), REFUSALS)
+def test_refusals_for_length_are_told_from_other_refusals_with_their_numbers(cli, tmp_path, error, expected):
+    with ScriptedServer([{"status": 400, "body": {"error": error}}]) as server:
+        result = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", "t.json", "-c", "agent.keep_turns=1")
+    assert result.returncode == 3
+    if expected is None:
+        assert "check model.params" in result.stderr, "an ordinary 400 names its usual fix"
+    else:
+        # refused on the first call, nothing to compact: the window it learned is the one named
+        assert "the system prompt and the task alone exceed" in result.stderr, result.stderr
+        if expected[0]:
+            assert f"context window ({expected[0]} tokens)" in result.stderr

@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any, TextIO
 
 from miniswe.batch.ledger import LedgerRecord
+from miniswe.output import visible
 from miniswe.status import ExitStatus, is_infra_failure
 
 MAX_RUNNING_ROWS = 12
@@ -84,7 +85,7 @@ class PlainProgress:
         self.notice(task_line(record, state))
 
     def notice(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        print(visible(text), file=self.stream, flush=True)
 
     def end(self) -> None:
         pass
@@ -121,7 +122,7 @@ class RichProgress:
     def notice(self, text: str) -> None:
         from rich.markup import escape
 
-        self.console.print(escape(text), style="bold")
+        self.console.print(escape(visible(text)), style="bold")
 
     def end(self) -> None:
         if self.live is not None:

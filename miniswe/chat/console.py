@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from miniswe.agent import HUMAN_THOUGHT
 from miniswe.display import step_status, trimmed
+from miniswe.output import visible
 from miniswe.status import ExitStatus, Outcome
 
 # ANSI SGR codes of each kind of line
@@ -54,7 +55,10 @@ class Console:
         return f"\033[{PALETTE[kind]}m{text}\033[0m"
 
     def write(self, text: str, kind: str | None = None) -> None:
+        """Every text chat shows (replies, streamed deltas, commands, outputs, notices) passes here, made
+        `visible` before miniswe's own colours are added."""
         self._clear_pending()
+        text = visible(text)
         self.out.write(self.paint(kind, text) if kind else text)
         if text:
             self._column = 0 if text.endswith("\n") else self._column + len(text)

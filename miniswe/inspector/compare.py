@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from miniswe.display import visible
+from miniswe.output import visible
 from miniswe.inspector.text import count, money, plain_table, seconds
 from miniswe.inspector.views import VIEW_VERSION, header_view, run_view
 from miniswe.trajectory import Step, Trajectory

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
-from miniswe.display import visible
+from miniswe.output import visible
 
 LABEL = 10  # width of the header's labels
 

@@ -393,11 +393,14 @@ def _server_message(response: Any) -> str:
 
 
 # How servers say a prompt is longer than the context window: OpenAI and vLLM ("maximum context length is N
-# tokens ... resulted in M tokens"), llama.cpp (exceed_context_size_error with n_ctx and n_prompt_tokens),
-# and proxies in front of other APIs ("prompt is too long: M tokens > N maximum").
+# tokens ... resulted in M tokens"), llama.cpp (exceed_context_size_error with n_ctx and n_prompt_tokens, and
+# "request (M tokens) exceeds the available context size (N tokens)" or "input (M tokens) is larger than the
+# max context size (N tokens)" in words), and proxies in front of other APIs ("prompt is too long: M tokens >
+# N maximum").
 OVERFLOW = re.compile(r"context[ _](?:length|window|size)|maximum context|prompt is too long|too many (?:input )?tokens", re.I)
-WINDOW = re.compile(r"(?:maximum context length is|context (?:length|window|size) (?:is|of)) (\d+)|> (\d+) maximum", re.I)
-PROMPT = re.compile(r"(?:resulted in|requested|prompt is too long:) (\d+) tokens", re.I)
+WINDOW = re.compile(r"(?:maximum context length is|context (?:length|window|size) (?:is|of)) (\d+)|> (\d+) maximum"
+                    r"|context size \((\d+) tokens\)", re.I)
+PROMPT = re.compile(r"(?:resulted in|requested|prompt is too long:) (\d+) tokens|(?:request|input) \((\d+) tokens\)", re.I)
 
 
 def _context_overflow(response: Any) -> tuple[int | None, int | None] | None:
@@ -416,8 +419,8 @@ def _context_overflow(response: Any) -> tuple[int | None, int | None] | None:
 
     window = WINDOW.search(text)
     prompt = PROMPT.search(text)
-    return (number(error.get("n_ctx")) or (number(window.group(1) or window.group(2)) if window else None),
-            number(error.get("n_prompt_tokens")) or (number(prompt.group(1)) if prompt else None))
+    return (number(error.get("n_ctx")) or (number(next(filter(None, window.groups()))) if window else None),
+            number(error.get("n_prompt_tokens")) or (number(next(filter(None, prompt.groups()))) if prompt else None))
 
 
 def _reason(error: Exception) -> str:
