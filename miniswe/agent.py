@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,16 +16,16 @@ from miniswe.hooks import CommandEvent, Hooks, ModelCall, ReplyEvent, RunEnd, Ru
 from miniswe.limits import BudgetWarnings, Limits
 from miniswe.models import Model, Reply
 from miniswe.policy import CommandPolicy
-from miniswe.protocol import FormatError, parse_command, submission, thought_of
+from miniswe.protocol import FormatError, submission
 from miniswe.repeats import RepeatDetector
 from miniswe.signals import Stop
+from miniswe.skills import SkillError, catalog, load_skills, read_skill
 from miniswe.status import ExitStatus, Outcome, interrupted
 from miniswe.templates import Renderer, number, prompt_variables
-from miniswe.trajectory import Step, Trajectory, TrajectoryWriter
+from miniswe.tools import FILE_TOOLS, SHELL_TOOLS, SKILL, SUBAGENT, Action, files
+from miniswe.trajectory import Step, Trajectory, TrajectoryWriter, following, made_by
 from miniswe.usage import Usage
-
-# What the model sees before a command the person typed in chat's human mode, in place of its own thought.
-HUMAN_THOUGHT = "THOUGHT: (the person typed this command and ran it themselves)"
+from miniswe.wire import HUMAN_THOUGHT, answer, make_wire, unanswered  # noqa: F401  (HUMAN_THOUGHT: chat's)
 
 
 def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str, int]:
@@ -46,14 +47,6 @@ def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str,
     return view, len(head) + len(tail) - limit + capture_elided
 
 
-def _longest_run(text: str, char: str) -> int:
-    longest = run = 0
-    for c in text:
-        run = run + 1 if c == char else 0
-        longest = max(longest, run)
-    return longest
-
-
 class Agent:
     """Runs one task's conversation. `run` returns the outcome the loop decided (submission, a limit, a stop, a
     hook) and lets failures it cannot decide on (model, sandbox, bugs) escape for the caller's outcome_of.
@@ -61,6 +54,10 @@ class Agent:
     Everything that observes or steers the loop is a hook (miniswe/hooks.py), called in this order: the
     command policy, loop detection, budget warnings, the config's hooks, the caller's (display, batch
     progress, approval), and last the trajectory writer, so the record holds what the others decided.
+
+    The wire (miniswe/wire.py) says what a request carries and how a reply becomes actions: one fenced command
+    (text), or each native tool call (tools). Each action is a step: asked about (before_command), run,
+    recorded and observed the same way, whatever protocol brought it.
     """
 
     def __init__(
@@ -76,6 +73,8 @@ class Agent:
         scrub: Callable[[str], str] = lambda text: text,
         notify: Callable[[str], None] = lambda message: None,
         ask: Callable[[str, str], bool] | None = None,
+        delegation: Any = None,
+        depth: int = 0,
     ):
         self.config = config
         self.model = model
@@ -85,11 +84,22 @@ class Agent:
         self.stop = stop
         self.scrub = scrub
         self.notify = notify
-        self.messages: list[dict[str, str]] = []
+        self.messages: list[dict[str, Any]] = []
         self.format_errors = 0
         self.limits = Limits(config.agent)
-        self.context = Compactor(config.agent, trajectory, model, renderer, notify)
-        self.variables = prompt_variables(config, env.describe().get("cwd", ""))
+        self.delegation = delegation  # sub-agents (miniswe/subagents.py), when this run may start them
+        if delegation is not None:
+            delegation.bind(self)
+        self.skills, problems = load_skills(config.agent.skills_dirs)
+        for problem in problems:
+            trajectory.warn(problem, once=True)
+        # skills are read with `miniswe skill` (local commands) or the skill tool; elsewhere they cannot be read
+        tools = config.protocol.kind == "tools"
+        readable = self.skills if tools or config.environment.kind == "local" else []
+        self.wire = make_wire(config, skills=bool(readable), subagents=delegation is not None)
+        self.variables = prompt_variables(config, env.describe().get("cwd", ""), skills=catalog(readable),
+                                          subagents=delegation is not None, depth=depth, tools=self.wire.tools)
+        self.context = Compactor(config.agent, trajectory, model, renderer, notify, request=self.wire.request)
         kind = config.environment.kind
         self.hooks = Hooks([
             CommandPolicy(config.policy, environment_kind=kind, ask=ask),
@@ -115,32 +125,36 @@ class Agent:
         what it saw, and no call is made again. A command cut short (the run's end, or miniswe's death while it
         ran) is reported to the model as such, not run again behind its back."""
         self._begin()
-        self.load_context([{"role": m.role, "content": m.content} for m in self.trajectory.messages])
+        self.load_context([m.wire() for m in self.trajectory.messages])
         self.trajectory.save()
         return self._loop()
 
-    def load_context(self, messages: Sequence[dict[str, str]]) -> None:
+    def load_context(self, messages: Sequence[dict[str, Any]]) -> None:
         """Take up a recorded conversation (`messages`: what the model will be sent): a resumed run, a loaded chat
         session. The format error count is rebuilt, and a command cut short is reported to the model."""
         trajectory = self.trajectory
-        self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+        self.messages = [dict(m) for m in messages]
         self.format_errors = 0
         for step in reversed(trajectory.steps):
             if not step.format_error:
                 break
-            self.format_errors += 1
+            if step.first_of_call:
+                self.format_errors += 1
         self.settle()
 
     def settle(self) -> None:
         """Tell the model about the last command if it was cut short and the model has not been told yet (a
-        resumed run, a chat turn after one Ctrl-C stopped, a session cleared)."""
+        resumed run, a chat turn after one Ctrl-C stopped, a session cleared); and answer the tool calls the run
+        stopped before, since every call must be answered before the model is asked again."""
         trajectory = self.trajectory
         last = trajectory.steps[-1] if trajectory.steps else None
         if trajectory.pending is not None:  # miniswe died while its command ran: what it did is unknown
             last = dataclasses.replace(trajectory.pending, aborted="miniswe stopped", returncode=None)
             self._after(last, lambda: self._observation(last, self.config.environment.timeout))
-        elif last and last.aborted and not any(m.step == last.step and m.role == "user" for m in trajectory.messages):
-            self._tell(last.step, self._observation(last, self.config.environment.timeout), written=False)
+        elif last and last.aborted and not any(m.step == last.step and m.role in ("user", "tool")
+                                               for m in trajectory.messages):
+            self._tell(last, self._observation(last, self.config.environment.timeout))
+        self._close_calls("the run stopped before this call")
 
     def turn(self, task: str) -> Outcome:
         """A chat turn: the person's message (rendered like a run's task), then the loop until an outcome. Limits
@@ -166,12 +180,11 @@ class Agent:
         first = self._opening()
         self.messages += first
         self.hooks("on_run_start", RunStart(command, first))
-        fence = "`" * max(3, _longest_run(command, "`") + 1)
-        reply = Reply(content=f"{HUMAN_THOUGHT}\n\n{fence}{self.config.protocol.action_tags[0]}\n{command}\n{fence}",
-                      usage=Usage())
+        number_ = len(self.trajectory.steps) + 1
+        reply, action = self.wire.typed(command, number_)
         outcome = None
         try:
-            outcome = self.stop.outcome or self._answer(len(self.trajectory.steps) + 1, reply, command)
+            outcome = self.stop.outcome or self._answer(number_, reply, action)
         finally:
             if outcome is not None:
                 self.hooks("on_run_end", RunEnd(outcome))
@@ -206,40 +219,61 @@ class Agent:
         reply = self.context.complete(self.messages, sent, self.limits.deadline)
         return self._answer(number_, reply)
 
-    def _answer(self, number_: int, reply: Reply, command: str | None = None) -> Outcome | None:
-        """The rest of a step, once its reply is in: parse it (unless the person gave the `command`), ask the
-        hooks, run the command, observe."""
-        self.messages.append({"role": "assistant", "content": reply.content})
-        self.hooks("after_reply", ReplyEvent(number_, reply))
-        made = {"thought": thought_of(reply.content), "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
-                "usage": reply.usage, "latency_s": round(reply.latency_s, 4)}
-        try:
-            if reply.finish_reason == "length":
-                raise FormatError("truncated", "the reply was cut off at the token limit (finish_reason=length)")
-            if command is None:
-                command = parse_command(reply.content, self.config.protocol.action_tags)
-        except FormatError as error:
-            return self._reject(Step(number_, format_error=error.kind, **made), error)
-        self.format_errors = 0
-        ask = self.hooks("before_command", CommandEvent(number_, command, made["thought"], proposed=command))
-        proposed = command if ask.command != command else None
+    def _answer(self, first: int, reply: Reply, typed: Action | None = None) -> Outcome | None:
+        """The rest of a model call, once its reply is in: read its actions (the one command, or each tool call;
+        `typed`: the person's command instead), then for each in turn a step: ask the hooks, run it, observe. The
+        first outcome ends the reply's steps; calls left are answered as not run."""
+        self.messages.append(self.wire.assistant(reply))
+        self.hooks("after_reply", ReplyEvent(first, reply))
+        made = made_by(reply)
+        actions = [typed] if typed is not None else self.wire.actions(reply)
+        # a reply that ran nothing counts once against max_format_errors, however many calls it botched
+        self.format_errors = 0 if any(action.error is None for action in actions) else self.format_errors + 1
+        outcome = None
+        for action in actions:
+            number_ = first + action.index
+            record = made if action.index == 0 else following(made)
+            if action.index and self.stop.outcome:  # a stop is noticed between steps, the calls of a reply too
+                outcome = self.stop.outcome
+            elif action.error is not None:
+                outcome = self._reject(Step(number_, format_error=action.error.kind, tool_call=action.record(),
+                                            **record), action.error)
+            else:
+                outcome = self._run(number_, action, record)
+            if outcome is not None:
+                self._close_calls(f"the run ended ({outcome.status}) before this call")
+                break
+        return outcome
+
+    def _run(self, number_: int, action: Action, made: dict[str, Any]) -> Outcome | None:
+        """One action's step: ask the hooks, run it, record and observe it."""
+        call = action.record()
+        ask = self.hooks("before_command", CommandEvent(number_, action.command, made["thought"], proposed=action.command,
+                                                        tool=action.tool, tool_call=call))
+        proposed = action.command if ask.command != action.command else None
         if ask.veto:
-            step = Step(number_, command=ask.command, refused=ask.veto, proposed=proposed, **made)
+            step = Step(number_, command=ask.command, refused=ask.veto, proposed=proposed, tool_call=call, **made)
             return self._after(step, lambda: self._observation(step, 0))
+        if proposed is not None:
+            action = action.as_bash(ask.command)
         timeout = self.limits.command_timeout(self.config.environment.timeout)
-        with self.stop.cancelling(self.env.interrupt):
-            result = self.env.execute(ask.command, timeout=timeout)
+        result, children = self._execute(number_, action, timeout)
+        for link in children:  # a sub-agent's usage is the run's: counted before the hooks look at the budget
+            self.trajectory.add_usage(Usage.from_dict(link.get("usage")))
         output = self.scrub(result.output)  # a command that found a secret (a .env file) must not record it
         step = Step(number_, command=ask.command, returncode=result.returncode, timed_out=result.timed_out,
                     output=output, output_chars=result.output_chars, elided_chars=result.elided_chars,
-                    duration_s=round(result.duration_s, 4), aborted=self._aborted(result), proposed=proposed, **made)
+                    duration_s=round(result.duration_s, 4), aborted=self._aborted(result), proposed=proposed,
+                    tool_call=call, children=[self._scrubbed(link) for link in children] or None, **made)
         if result.sandbox_error or result.interrupted:
             self.hooks("after_command", StepEvent(step, ""))  # recorded; the run ends without telling the model
             if result.sandbox_error:
                 raise SandboxError(result.sandbox_error)
             return self.stop.outcome or interrupted("SIGINT")
         stopped = self._after(step, lambda: self._observation(step, timeout))
-        submitted = submission(output, result.returncode, self.config.protocol.submit_marker)
+        # only a shell command submits: a file whose first line is the marker, read by read_file, does not
+        submitted = (submission(output, result.returncode, self.config.protocol.submit_marker)
+                     if action.tool in SHELL_TOOLS else None)
         if submitted is not None and result.elided_chars:
             # never a damaged submission: the middle of this one was not kept
             limit = self.config.environment.capture_limit
@@ -254,6 +288,50 @@ class Agent:
             return self.limits.out_of_time("a command")
         return None
 
+    def _execute(self, number_: int, action: Action, timeout: float) -> tuple[CommandResult, list[dict[str, Any]]]:
+        """Run an action: a shell command in the environment (the file tools' too, as a command of their own
+        worker), a skill read here, or a sub-agent; its result and the sub-agents it ran."""
+        if action.tool in FILE_TOOLS:
+            refused = files.too_large(action.tool, action.arguments)
+            if refused:
+                return CommandResult(refused, 1, False, 0.0, len(refused)), []
+            command = files.worker_command(action.tool, action.arguments, max_chars=files.read_limit(self.config),
+                                           python=files.python_for(self.config.environment.kind))
+            result = self._shell(command, timeout)
+            return dataclasses.replace(result, output=files.explain_failure(result.output, result.returncode)), []
+        if action.tool == SKILL:
+            started = time.monotonic()
+            try:
+                text, code = read_skill(self.skills, action.arguments["name"], action.arguments.get("file") or ""), 0
+            except SkillError as error:
+                text, code = f"error: {error}", 1
+            return CommandResult(text, code, False, time.monotonic() - started, len(text)), []
+        delegation = self.delegation
+        if delegation is None:
+            return self._shell(action.command, timeout), []
+        delegation.begin(number_, timeout)
+        try:
+            if action.tool != SUBAGENT:
+                return self._shell(action.command, timeout), delegation.end()
+            from miniswe.subagents import summary
+
+            started = time.monotonic()
+            link = delegation.run(action.arguments["task"], env=self.env)
+            text, code = summary(link)
+            return CommandResult(text, code, False, time.monotonic() - started, len(text)), delegation.end()
+        except BaseException:
+            delegation.end()
+            raise
+
+    def _shell(self, command: str, timeout: float) -> CommandResult:
+        with self.stop.cancelling(self.env.interrupt):
+            return self.env.execute(command, timeout=timeout)
+
+    def _scrubbed(self, link: dict[str, Any]) -> dict[str, Any]:
+        """A sub-agent's link as the step records it (its submission is in its own trajectory, and in the output)."""
+        return {key: self.scrub(value) if isinstance(value, str) else value for key, value in link.items()
+                if key != "submission"}
+
     def _aborted(self, result: CommandResult) -> str | None:
         if result.sandbox_error:
             return str(ExitStatus.SANDBOX_ERROR)
@@ -263,7 +341,6 @@ class Agent:
         return stop.detail if stop and stop.status is ExitStatus.INTERRUPTED and stop.detail else "stopped"
 
     def _reject(self, step: Step, error: FormatError) -> Outcome | None:
-        self.format_errors += 1
         limit = self.config.agent.max_format_errors
         if limit and self.format_errors >= limit:
             self.hooks("after_command", StepEvent(step, ""))
@@ -272,6 +349,7 @@ class Agent:
             "format_error.j2", reason=error.kind, error=str(error),
             errors_left=(limit - self.format_errors) if limit else "Further",
             action_tag=self.variables["action_tag"], submit_marker=self.variables["submit_marker"],
+            protocol=self.wire.kind,
         )
         return self._after(step, lambda: guidance)
 
@@ -293,11 +371,21 @@ class Agent:
             self.hooks("after_command", StepEvent(step, ""))  # the step stays on record, whatever its template does
             raise
         event = self.hooks("after_command", StepEvent(step, observation))
-        self.messages.append({"role": "user", "content": event.message()})
+        self.messages.append(answer(step, event.message()))
         return event.stop
 
-    def _tell(self, number_: int, text: str, *, written: bool) -> None:
+    def _tell(self, step: Step, text: str) -> None:
         """A message to the model outside a step's hooks (a resumed run's note on its cut step)."""
-        self.messages.append({"role": "user", "content": text})
-        if not written:
-            self.trajectory.add_message("user", text, number_)
+        message = answer(step, text)
+        self.messages.append(message)
+        self.trajectory.add_message(message["role"], text, step.step, tool_call_id=message.get("tool_call_id"))
+
+    def close_calls(self) -> None:
+        """Answer the tool calls the run stopped before (chat's /compact asks the model outside the loop)."""
+        self._close_calls("the run stopped before this call")
+
+    def _close_calls(self, why: str) -> None:
+        for call_id in unanswered(self.messages):
+            text = f"Not run: {why}."
+            self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            self.trajectory.add_message("tool", text, len(self.trajectory.steps) or None, tool_call_id=call_id)

@@ -55,6 +55,7 @@ def run(
     fork: Annotated[Optional[str], typer.Option("--fork", metavar="TRAJ", help="Go on with a copy of a run from --from-step N, into -o NEW.")] = None,
     from_step: Annotated[Optional[int], typer.Option("--from-step", metavar="N", help="With --fork: how many of its steps the fork keeps.")] = None,
     force: Annotated[bool, typer.Option("--force", help="With --resume/--fork: go on even if the fresh environment does not replay the recording.")] = False,
+    sub: Annotated[bool, typer.Option("--sub", help="From a command of a run: have that run start a sub-agent on TASK, and print how it ended.")] = False,
     quiet: QuietOpt = False,
     *,
     flags: dict,
@@ -66,6 +67,13 @@ def run(
     """
     from miniswe.errors import MinisweError, UsageError
 
+    if sub:
+        try:
+            code = _run_sub(task, task_file, flags, config=config, output=output, resume=resume, fork=fork,
+                            from_step=from_step, force=force)
+        except MinisweError as error:
+            fail(error)
+        raise typer.Exit(code)
     try:
         from miniswe.display import make_display, summary_line
         from miniswe.signals import SignalHandlers, Stop
@@ -93,6 +101,26 @@ def run(
     except MinisweError as error:
         fail(error)
     _report_end(result, display, summary_line)
+
+
+SUB_LIMITS = ("step_limit", "token_limit", "cost_limit", "time_limit")
+
+
+def _run_sub(task: str | None, task_file: str | None, flags: dict, **others) -> int:
+    """`miniswe run --sub`: ask the run this command belongs to for a sub-agent; print its answer."""
+    from miniswe.errors import UsageError
+    from miniswe.subagents import request
+
+    # a bool flag not given is False, not None
+    given = [name for name, value in others.items() if value] + [
+        name for name, value in flags.items() if value is not None and value is not False and name not in SUB_LIMITS]
+    if given:
+        raise UsageError(f"--sub runs with the settings of the run that asks: give it only the task (and smaller "
+                         f"limits), not --{given[0].replace('_', '-')}")
+    text, code = request(_read_task(task, task_file), {name: flags[name] for name in SUB_LIMITS if flags[name]})
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    sys.stdout.flush()
+    return code
 
 
 def _checked_line(checked) -> str:
@@ -430,6 +458,39 @@ def _rerun_command(command: str, output: str | None, run_dir: str, fallback: lis
     from miniswe.redaction import mask_command_line
 
     return shlex.join(["miniswe", command, *mask_command_line(argv)])
+
+
+@app.command()
+def skill(
+    name: Annotated[Optional[str], typer.Argument(help="A skill's name (without it: the list of skills).")] = None,
+    file: Annotated[Optional[str], typer.Argument(help="A file of the skill's folder (default: its instructions, SKILL.md).")] = None,
+    config: ConfigOpt = [],
+) -> None:
+    """Print a skill's instructions, a file of its folder, or the list of skills.
+
+    The skills of agent.skills_dirs (-c), and in a command a miniswe run started, that run's. Exit codes: 0 printed,
+    2 no such skill or file.
+    """
+    from miniswe.errors import MinisweError
+
+    try:
+        from miniswe.config import load_config
+        from miniswe.skills import ENV_VAR, load_skills, read_skill
+
+        dirs = [*load_config(*config).agent.skills_dirs, *filter(None, os.environ.get(ENV_VAR, "").split(os.pathsep))]
+        skills, problems = load_skills(dirs)
+        if name is None:
+            for problem in problems:
+                print(f"miniswe: {problem}", file=sys.stderr)
+            for found in skills:
+                print(f"{found.name}: {found.description}")
+            if not skills:
+                print("miniswe: no skills (set agent.skills_dirs)", file=sys.stderr)
+            return
+        text = read_skill(skills, name, file or "")
+    except MinisweError as error:
+        fail(error)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
 @app.command()

@@ -51,8 +51,10 @@ NOTHING = Checkpoint()
 
 class Compactor:
     def __init__(self, agent_config: Any, trajectory: Trajectory, model: Model, renderer: Renderer,
-                 notify: Callable[[str], None] = lambda message: None):
+                 notify: Callable[[str], None] = lambda message: None,
+                 request: Callable[[], dict[str, Any]] = dict):
         self.trajectory = trajectory
+        self.request = request  # what every call carries besides the messages (the tools, with tool calling)
         self.model = model
         self.renderer = renderer
         self.notify = notify
@@ -85,7 +87,7 @@ class Compactor:
         """The model's reply to `projected`; a context-length refusal compacts further and asks again."""
         for attempt in range(OVERFLOW_RETRIES + 1):
             try:
-                reply = self.model.complete(projected, deadline=deadline)
+                reply = self.model.complete(projected, deadline=deadline, **self.request())
             except ContextLengthError as error:
                 if attempt == OVERFLOW_RETRIES:
                     raise
@@ -168,12 +170,15 @@ class Compactor:
             return {}  # the request itself would not fit: what was elided is all there is to do
         summarize = getattr(self.model, "summarize", None)  # the replay model gives back the recorded summary
         try:
-            reply = summarize(asked, deadline=deadline) if summarize else self.model.complete(asked, deadline=deadline)
+            reply = (summarize(asked, deadline=deadline) if summarize
+                     else self.model.complete(asked, deadline=deadline, **self.request()))
         except ContextLengthError as error:
             self._learn(asked, error)
             return {}
         self.trajectory.add_usage(reply.usage)
-        summary = reply.content.strip()
+        summary = (reply.content or "").strip()
+        if not summary:  # a tool call instead of a summary: nothing to stand in for the middle
+            return {}
         self.checkpoint = Checkpoint(self.checkpoint.elided_through, self._start(messages) + protected - 2, summary)
         return {"summary": summary, "usage": reply.usage.to_dict()}
 
@@ -230,5 +235,11 @@ class Compactor:
 
 
 def _chars(messages: Sequence[dict[str, Any]]) -> int:
-    return sum(len(m.get("content") or "") if isinstance(m.get("content"), (str, type(None))) else len(str(m["content"]))
-               for m in messages)
+    """What the messages weigh: their texts, and a reply's tool calls."""
+    total = 0
+    for m in messages:
+        content = m.get("content")
+        total += len(content) if isinstance(content, str) else len(str(content)) if content is not None else 0
+        if m.get("tool_calls"):
+            total += len(str(m["tool_calls"]))
+    return total

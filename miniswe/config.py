@@ -39,10 +39,17 @@ class AgentConfig:
     hooks: list[str] = field(default_factory=list)  # hooks loaded by package.module:Class, called at every step (see README)
     context_window: int = 0  # the model's context window in tokens, for compaction; 0 = learned from the endpoint's first context-length refusal
     keep_turns: int = 4  # the newest turns compaction never cuts
+    skills_dirs: list[str] = field(default_factory=list)  # folders whose sub-folders are skills (SKILL.md each), listed in the system prompt and read on demand
+    max_depth: int = 0  # how deep sub-agents may nest: a run at this depth cannot delegate; 0 = no sub-agents
+
+
+PROTOCOL_KINDS = ("text", "tools")
 
 
 @dataclass(frozen=True)
 class ProtocolConfig:
+    kind: str = field(default="text", metadata={"choices": PROTOCOL_KINDS})  # text (one fenced command per reply) or tools (the endpoint's native tool calls)
+    file_tools: bool = False  # tools: also offer read_file, write_file and edit_file, confined to the working directory
     action_tags: list[str] = field(default_factory=lambda: ["mswea_bash_command", "bash"],
                                    metadata={"nonempty": True})  # fenced-block info strings that mark the one action
     submit_marker: str = field(default="COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",

@@ -6,7 +6,8 @@ Six moments, each an event object passed to every hook that has the method (all 
                                     begins so: the person's message (a command, in human mode)
     before_model_call(ModelCall)    may set `stop` to end the run instead of calling the model
     after_reply(ReplyEvent)         the model's reply, before it is parsed
-    before_command(CommandEvent)    may rewrite `command`, or set `veto` to a reason: the approval gate
+    before_command(CommandEvent)    may rewrite `command`, or set `veto` to a reason: the approval gate (with
+                                    native tool calls, every call is a command: see CommandEvent.tool)
     after_command(StepEvent)        the step as recorded (a format error too); may add `warnings` to what the
                                     model is told, or set `stop`
     on_run_end(RunEnd)              the run's outcome (in chat, the turn's)
@@ -57,6 +58,10 @@ class CommandEvent:
     thought: str
     veto: str | None = None  # set it to refuse the command: the model is told this reason and the run goes on
     proposed: str = ""  # the model's own command (filled in by the loop)
+    # protocol.kind: tools: which tool, and the call ({id, name, arguments, index}). For the file tools, skill and
+    # subagent, `command` is a readable rendering of the call; a hook that rewrites it makes it a bash command
+    tool: str = "bash"
+    tool_call: dict[str, Any] | None = None
 
 
 @dataclass

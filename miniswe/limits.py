@@ -63,6 +63,16 @@ class Limits:
             return self.out_of_time()
         return None
 
+    def remaining(self, usage: Usage) -> dict[str, float | None]:
+        """What is left of each limit (None: no limit): what a sub-agent may use at most."""
+        agent, usage = self.agent, usage.since(self.baseline)
+        return {
+            "step_limit": agent.step_limit - usage.model_calls if agent.step_limit else None,
+            "token_limit": agent.token_limit - usage.total_tokens if agent.token_limit else None,
+            "cost_limit": round(agent.cost_limit - usage.cost, 8) if agent.cost_limit else None,
+            "time_limit": self.time_left() if agent.time_limit else None,
+        }
+
     def left(self, usage: Usage) -> list[str]:
         """What is nearly used up: each limit with no more than `agent.budget_warning` of it left."""
         agent, share = self.agent, self.agent.budget_warning

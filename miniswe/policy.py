@@ -56,8 +56,8 @@ class CommandPolicy:
         return next((p.pattern for p in self.confirm if p.search(text)), None) if self.applies else None
 
     def before_command(self, event) -> None:
-        if not self.applies or event.veto:
-            return
+        if not self.applies or event.veto or getattr(event, "tool", "bash") not in ("bash", "submit"):
+            return  # the file tools are confined to the working directory; their rendering is not shell
         text = _unquoted(event.command)
         for pattern, why in self.deny:
             if pattern.search(text):

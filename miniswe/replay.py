@@ -50,10 +50,13 @@ def rerun(
     until: int | None = None,
     scrub: Callable[[str], str] = lambda text: text,
     on_check: Callable[[Checked], None] = lambda checked: None,
+    read_limit: int = 10_000,
 ) -> tuple[int, Divergence | None]:
     """Run the recorded setup commands and steps' commands in `env`, up to step `until`; (commands checked,
-    the first divergence or None). Format errors ran nothing and are skipped; a step the recording cut short
-    (aborted) ends the replay there, since the original run ended there too."""
+    the first divergence or None). Format errors and refused commands ran nothing and are skipped; a step the recording cut short
+    (aborted) ends the replay there, since the original run ended there too. A file tool's call runs again as
+    the same worker command; a skill read changes nothing and is skipped; a step that ran a sub-agent ends the
+    replay (its model calls are not made again). `read_limit`: read_file's ceiling in the recorded run."""
     patterns = [re.compile(mask) for mask in masks]
     checked = 0
     for index, record in enumerate(trajectory.setup, 1):
@@ -70,19 +73,43 @@ def rerun(
     for step in trajectory.steps:
         if until is not None and step.step > until:
             break
-        if step.command is None:
-            continue
+        if step.command is None or step.refused:
+            continue  # a format error, or a command refused before it ran: nothing ran
         if step.aborted:
             on_check(Checked(f"step {step.step}", step.command, None, f"cut short in the recording ({step.aborted}): "
                                                                      "the replay stops here"))
             break
-        result = _execute(env, step.command, timeout, stop)
+        if step.children:
+            on_check(Checked(f"step {step.step}", step.command, None, "ran a sub-agent, whose model calls are not made "
+                                                                     "again: the replay stops here"))
+            break
+        command = _command_of(step, env, read_limit)
+        if command is None:
+            continue
+        result = _execute(env, command, timeout, stop)
         divergence, note = compare(step, result, patterns, scrub)
         checked += 1
         on_check(Checked(f"step {step.step}", step.command, divergence, note))
         if divergence:
             return checked, divergence
     return checked, None
+
+
+def _command_of(step: Step, env: Environment, read_limit: int) -> str | None:
+    """What to run again for a step: its command, or for a file tool's call its worker command; None for what
+    ran nothing in the environment (a skill read)."""
+    import json
+
+    from miniswe.tools import FILE_TOOLS, SKILL, files
+
+    call = step.tool_call or {}
+    if step.proposed is not None or call.get("name") not in (*FILE_TOOLS, SKILL):
+        return step.command  # a rewritten call ran as the shell command recorded
+    if call["name"] == SKILL:
+        return None
+    arguments = json.loads(call.get("arguments") or "{}")
+    return files.worker_command(call["name"], arguments, max_chars=read_limit,
+                                python=files.python_for(env.describe().get("kind", "local")))
 
 
 def _execute(env: Environment, command: str, timeout: float, stop: Stop) -> CommandResult:
@@ -141,11 +168,12 @@ def replay_recording(trajectory: Trajectory, config: Any, *, until: int | None, 
     """`rerun` in a fresh environment of the recorded kind, built from `config`, closed afterwards."""
     from miniswe.environments import build_environment
     from miniswe.redaction import run_secrets
+    from miniswe.tools.files import read_limit
 
     env = build_environment(config.environment, run_id=new_run_id(), stop=stop,
                             hidden_env=[getattr(config.model, "api_key_env", "")])
     try:
         return rerun(env, trajectory, masks=config.replay.masks, stop=stop, timeout=config.environment.timeout,
-                     until=until, scrub=run_secrets(config).scrub, on_check=on_check)
+                     until=until, scrub=run_secrets(config).scrub, on_check=on_check, read_limit=read_limit(config))
     finally:
         env.close()

@@ -7,6 +7,8 @@ failure, a bug, a stop) becomes its outcome.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,13 +18,15 @@ from miniswe.hooks import load_hooks
 from miniswe.config import Config
 from miniswe.environments import Environment, build_environment, check_environment
 from miniswe.limits import NO_TIMEOUT
-from miniswe.models import Model, model_class
+from miniswe.errors import ConfigError
+from miniswe.models import Model, calls_tools, model_class
 from miniswe.models.gate import CallGate
 from miniswe.redaction import Secrets, masked_config, run_secrets
 from miniswe.replay import Checked, Divergence, rerun
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
 from miniswe.templates import Renderer, prompt_variables
+from miniswe.tools.files import read_limit
 from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory, new_run_id
 from miniswe.usage import Usage
 
@@ -40,14 +44,34 @@ def build_model(config: Config, **context: Any) -> Model:
     return model_class(config.model.kind)(config.model, **context)
 
 
-def check_ready(config: Config, task: str = "", instance: dict[str, Any] | None = None) -> Renderer:
-    """Fail on bad input before anything runs: templates (rendered once for `task`), environment and model settings."""
+def check_ready(config: Config, task: str = "", instance: dict[str, Any] | None = None,
+                notify: Callable[[str], None] | None = None) -> Renderer:
+    """Fail on bad input before anything runs: templates (rendered once for `task`), environment and model settings,
+    the protocol. Skills that cannot be used are told to `notify` (stderr by default), one line each."""
     renderer = Renderer(config.agent.templates_dir)
     renderer.check_instance(task, instance or {}, prompt_variables(config, config.environment.cwd))
     load_hooks(config.agent.hooks)  # a hook that cannot be loaded is bad input, found before anything runs
     check_environment(config.environment)
+    check_protocol(config)
     build_model(config)  # the model refuses bad settings when built (no endpoint, no name, an unreadable script)
+    report_skills(config, notify)
     return renderer
+
+
+def check_protocol(config: Config) -> None:
+    """protocol.kind: tools needs a model kind that can be sent tools."""
+    if config.protocol.kind == "tools" and not calls_tools(model_class(config.model.kind)):
+        raise ConfigError(f"protocol.kind: tools: model kind {config.model.kind!r} cannot call tools (its complete() "
+                          "takes no `tools`); use protocol.kind: text")
+
+
+def report_skills(config: Config, notify: Callable[[str], None] | None = None) -> None:
+    """Each skill left out, one line (at start: the run goes on without them)."""
+    from miniswe.skills import load_skills
+
+    _, problems = load_skills(config.agent.skills_dirs)
+    for problem in problems:
+        (notify or (lambda message: print(f"miniswe: {message}", file=sys.stderr, flush=True)))(problem)
 
 
 class Diverged(Exception):
@@ -112,7 +136,8 @@ def continue_run(
     def start(env: Environment, agent: Agent, stop: Stop) -> Outcome:
         if rebuild:
             _, divergence = rerun(env, trajectory, masks=config.replay.masks, stop=stop,
-                                  timeout=config.environment.timeout, scrub=secrets.scrub, on_check=on_check)
+                                  timeout=config.environment.timeout, scrub=secrets.scrub, on_check=on_check,
+                                  read_limit=read_limit(config))
             if stop.outcome:
                 return stop.outcome
             if divergence:
@@ -134,16 +159,25 @@ def _drive(
     evaluate: Sequence[str],
     secrets: Secrets,
     stop: Stop | None = None,
+    environment: Environment | None = None,
+    depth: int = 0,
     **services: Any,
 ) -> RunResult:
     """Build the environment and the model, `start` the loop, evaluate, clean up: the one place where whatever
-    escapes a run becomes its outcome. `services`: see `make_agent`."""
+    escapes a run becomes its outcome. `environment`: one to borrow (a sub-agent's parent's), neither opened nor
+    closed here; `depth`: how deep a sub-agent this run is. `services`: see `make_agent`."""
     stop = stop or Stop()
     env: Environment | None = None
+    delegation = None
     resolved = diverged = None
     try:
-        env = open_environment(config, trajectory, run_id=run_id, stop=stop, notify=services.get("notify", lambda m: None))
-        agent = make_agent(config, trajectory, env, secrets=secrets, stop=stop, **services)
+        notify = services.get("notify", lambda m: None)
+        delegation = open_delegation(config, depth=depth, stop=stop, borrowed=environment is not None,
+                                     renderer=services.get("renderer"), notify=notify)
+        env = environment or open_environment(config, trajectory, run_id=run_id, stop=stop, notify=notify,
+                                              delegation=delegation, depth=depth)
+        agent = make_agent(config, trajectory, env, secrets=secrets, stop=stop, delegation=delegation, depth=depth,
+                           **services)
         outcome = start(env, agent, stop)
         if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
             resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
@@ -161,19 +195,47 @@ def _drive(
     except BaseException as error:
         outcome = outcome_of(error, stop.outcome)
     finally:
-        if env is not None:
+        if env is not None and environment is None:
             close_environment(env, trajectory)
+        if delegation is not None:
+            delegation.close()
     trajectory.finish(outcome)
     trajectory.save()
     return RunResult(outcome, trajectory, resolved, diverged)
 
 
+def open_delegation(config: Config, *, depth: int, stop: Stop, borrowed: bool = False, renderer: Renderer | None = None,
+                    notify: Callable[[str], None] = lambda message: None, folder: str | None = None) -> Any:
+    """The run's sub-agents (subagents.Delegation), when it may start them: it is shallower than agent.max_depth,
+    and it can reach them: through the `subagent` tool, or (text protocol) a socket its local commands reach.
+    `folder`: where their trajectories go, if not beside the run's."""
+    if depth >= config.agent.max_depth:
+        return None
+    tools = config.protocol.kind == "tools"
+    if not tools and (config.environment.kind != "local" or borrowed):
+        return None
+    from miniswe.subagents import Delegation
+
+    return Delegation(config, depth=depth, stop=stop, serve=not tools, renderer=renderer, notify=notify, folder=folder)
+
+
 def open_environment(config: Config, trajectory: Trajectory, *, run_id: str, stop: Stop,
-                     notify: Callable[[str], None] = lambda message: None) -> Environment:
+                     notify: Callable[[str], None] = lambda message: None, delegation: Any = None,
+                     depth: int = 0) -> Environment:
     """The run's environment, described in its trajectory (with its notices: a docker image that falls back
-    to exec-per-step, unsafe run_args allowed)."""
+    to exec-per-step, unsafe run_args allowed). Local commands get `miniswe` on their PATH when there is a
+    sub-agent or a skill to ask it for (see subagents.command_env)."""
+    extra_env = {}
+    if config.environment.kind == "local":
+        from miniswe.skills import load_skills
+        from miniswe.subagents import command_env
+
+        skills, _ = load_skills(config.agent.skills_dirs)
+        roots = list(dict.fromkeys(os.path.abspath(root) for root in config.agent.skills_dirs)) if skills else []
+        extra_env = command_env(config, depth=depth, delegation=delegation, skills_dirs=roots)
     env = build_environment(config.environment, run_id=run_id, stop=stop, confine=config.policy.confine,
-                            hidden_env=[getattr(config.model, "api_key_env", "")])
+                            hidden_env=[getattr(config.model, "api_key_env", "")],
+                            **({"extra_env": extra_env} if extra_env else {}))
     described = env.describe()
     trajectory.describe(environment=described)
     for notice in described.get("notices", ()):
@@ -203,18 +265,24 @@ def make_agent(
     notify: Callable[[str], None] = lambda message: None,
     on_delta: Callable[[str, str], None] | None = None,
     ask: Callable[[str, str], bool] | None = None,
+    delegation: Any = None,
+    depth: int = 0,
+    spawn_from: Model | None = None,
 ) -> Agent:
     """The model (unless given) and the agent that drives it in `env`. `on_delta(kind, text)` is told each piece
-    of a streamed reply as it arrives; `ask(command, pattern)` is asked for commands policy.confirm matches."""
+    of a streamed reply as it arrives; `ask(command, pattern)` is asked for commands policy.confirm matches.
+    A sub-agent's model comes from its parent's (`spawn_from`): the same endpoint and gate, or script."""
 
     def on_retry(message: str) -> None:
         trajectory.add_usage(Usage(retries=1))  # counted as it happens: a run stopped mid-wait keeps its count
         notify(message)
 
+    if model is None and spawn_from is not None and hasattr(spawn_from, "for_child"):
+        model = spawn_from.for_child(stop=stop, on_retry=on_retry)
     model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,
                                  calls_made=trajectory.usage.model_calls, on_delta=on_delta)
     return Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
-                 stop=stop, hooks=hooks, scrub=secrets.scrub, notify=notify, ask=ask)
+                 stop=stop, hooks=hooks, scrub=secrets.scrub, notify=notify, ask=ask, delegation=delegation, depth=depth)
 
 
 def _run_commands(env: Environment, commands: Sequence[str], config: Config, trajectory: Trajectory, stop: Stop,

@@ -34,6 +34,7 @@ class Stop:
         os.set_blocking(self._wake_write, False)
         self._cancellers: dict[int, Callable[[], None]] = {}
         self._keys = itertools.count()
+        self._children: list[Stop] = []
 
     def request(self, outcome: Outcome, *, urgent: bool = False) -> None:
         """Ask everyone to stop with `outcome` (the first request's outcome wins); `urgent` cuts work short now."""
@@ -44,6 +45,22 @@ class Stop:
             self.urgent = True
             for cancel in list(self._cancellers.values()):
                 _quietly(cancel)
+        for child in list(self._children):
+            child.request(outcome, urgent=urgent)
+
+    def linked(self) -> Stop:
+        """A Stop for work started under this one (a sub-agent): stopping this stops it too, but it may be stopped
+        alone (its command ended). `unlink` it when the work is done."""
+        child = Stop()
+        self._children.append(child)
+        if self.outcome is not None:
+            child.request(self.outcome, urgent=self.urgent)
+        return child
+
+    def unlink(self, child: Stop) -> None:
+        if child in self._children:
+            self._children.remove(child)
+        child.close()
 
     def rearm(self) -> None:
         """Ready for the next piece of work after a stop (a chat session's next turn): the request is forgotten.

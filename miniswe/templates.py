@@ -8,18 +8,20 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Sequence
 from typing import Any
 
 from miniswe.errors import ConfigError
 from miniswe.resources import templates_dir
 
-PROMPT_VARIABLES = ("action_tag", "submit_marker", "command_timeout", "output_limit", "cwd", "system", "release", "machine", "shell")
+PROMPT_VARIABLES = ("action_tag", "submit_marker", "command_timeout", "output_limit", "cwd", "system", "release", "machine",
+                    "shell", "protocol", "tools", "skills", "subagents", "depth")
 VARIABLES = {
     "system.j2": set(PROMPT_VARIABLES),
     "instance.j2": {"task", "instance", *PROMPT_VARIABLES},
     "observation.j2": {"output", "returncode", "timed_out", "command_timeout", "elided_chars", "output_chars", "duration_s",
                        "aborted"},
-    "format_error.j2": {"reason", "error", "action_tag", "submit_marker", "errors_left"},
+    "format_error.j2": {"reason", "error", "action_tag", "submit_marker", "errors_left", "protocol"},
     "compact.j2": {"submit_marker"},
     "summarize.j2": set(),
     "summary.j2": {"summary"},
@@ -27,8 +29,10 @@ VARIABLES = {
 }
 
 
-def prompt_variables(config: Any, cwd: str) -> dict[str, Any]:
-    """What the system and instance prompts may say about the run: its protocol, limits and machine."""
+def prompt_variables(config: Any, cwd: str, *, skills: Sequence[dict[str, str]] = (), subagents: bool = False,
+                     depth: int = 0, tools: Sequence[str] = ()) -> dict[str, Any]:
+    """What the system and instance prompts may say about the run: its protocol (and the tools it offers), limits,
+    machine, skills (name and description of each) and whether it may start sub-agents (and at what depth it is)."""
     uname = platform.uname()
     return {
         "action_tag": config.protocol.action_tags[0],
@@ -40,6 +44,11 @@ def prompt_variables(config: Any, cwd: str) -> dict[str, Any]:
         "release": uname.release,
         "machine": uname.machine,
         "shell": "bash",
+        "protocol": config.protocol.kind,
+        "tools": list(tools),
+        "skills": list(skills),
+        "subagents": subagents,
+        "depth": depth,
     }
 
 

@@ -52,12 +52,34 @@ class Message:
     content: str
     timestamp: str
     step: int | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant message's native tool calls (protocol.kind: tools)
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def to_dict(self) -> dict[str, Any]:
         data = {"role": self.role, "content": self.content, "timestamp": self.timestamp}
         if self.step is not None:
             data["step"] = self.step
+        if self.tool_calls:
+            data["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            data["tool_call_id"] = self.tool_call_id
         return data
+
+    def wire(self) -> dict[str, Any]:
+        """The message as the model is sent it."""
+        data: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            data["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            data["tool_call_id"] = self.tool_call_id
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Message:
+        calls = data.get("tool_calls")
+        call_id = data.get("tool_call_id")
+        return cls(data.get("role", ""), data.get("content") or "", data.get("timestamp", ""), data.get("step"),
+                   calls if isinstance(calls, list) and calls else None, call_id if isinstance(call_id, str) else None)
 
 
 @dataclass(frozen=True)
@@ -81,23 +103,39 @@ class Step:
     finish_reason: str | None = None
     usage: Usage = field(default_factory=lambda: Usage(model_calls=1))  # this call's tokens and cost
     latency_s: float = 0.0
+    # protocol.kind: tools: the call this step ran ({id, name, arguments, index}: its place in the reply); a reply
+    # with several calls makes a step of each, and the first carries the model call's usage, reasoning and latency
+    tool_call: dict[str, Any] | None = None
+    # the sub-agents this step ran: each {trajectory, run_id, depth, task, exit_status, exit_detail, usage}
+    children: list[dict[str, Any]] | None = None
+
+    @property
+    def first_of_call(self) -> bool:
+        """Whether this step carries its model call (not a second tool call of the same reply)."""
+        return not self.tool_call or not self.tool_call.get("index")
 
     def to_dict(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in _STEP_FIELDS}
         usage = self.usage
         data["usage"] = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                          "total_tokens": usage.total_tokens, "cached_tokens": usage.cached_tokens, "cost": usage.cost}
+        for name in _OPTIONAL_FIELDS:  # written only when set: a text-protocol run's steps stay as they were
+            if getattr(self, name):
+                data[name] = getattr(self, name)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
         known = {name: data[name] for name in _STEP_FIELDS if name in data}
+        optional = {name: data[name] for name in _OPTIONAL_FIELDS if data.get(name)}
         usage = Usage.from_dict(data.get("usage"))
-        usage.model_calls = 1  # a step is one call, so its record leaves the count out
-        return cls(**known, usage=usage)
+        step = cls(**known, **optional, usage=usage)
+        usage.model_calls = 1 if step.first_of_call else 0  # a step is one call (or its first), so its record leaves the count out
+        return step
 
 
-_STEP_FIELDS = tuple(f.name for f in fields(Step) if f.name != "usage")
+_OPTIONAL_FIELDS = ("tool_call", "children")
+_STEP_FIELDS = tuple(f.name for f in fields(Step) if f.name != "usage" and f.name not in _OPTIONAL_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -158,8 +196,9 @@ class Trajectory:
         self._file = SwapFile(path)
 
     # -- the write API -------------------------------------------------------------------------------------
-    def add_message(self, role: str, content: str, step: int | None = None) -> Message:
-        message = Message(role, content, now_iso(), step)
+    def add_message(self, role: str, content: str, step: int | None = None, *,
+                    tool_calls: list[dict[str, Any]] | None = None, tool_call_id: str | None = None) -> Message:
+        message = Message(role, content, now_iso(), step, tool_calls or None, tool_call_id)
         self._append_message(message)
         return message
 
@@ -200,8 +239,11 @@ class Trajectory:
     def set_resolved(self, resolved: bool) -> None:
         self.resolved = resolved
 
-    def warn(self, message: str) -> None:
-        self.warnings.append(self._redact(message))
+    def warn(self, message: str, *, once: bool = False) -> None:
+        """A warning for the record; with `once`, unless the same one is recorded already."""
+        message = self._redact(message)
+        if not (once and message in self.warnings):
+            self.warnings.append(message)
 
     def begin_turn(self) -> None:
         """A chat session's next turn: the run is in flight again (no exit status) until `finish`."""
@@ -322,8 +364,7 @@ class Trajectory:
                          environment=data.get("environment") or {}, metadata=data.get("metadata") or {}, redact=redact)
         trajectory.model = data.get("model") or {}
         for message in data.get("messages") or []:
-            trajectory._append_message(Message(message.get("role", ""), message.get("content") or "",
-                                               message.get("timestamp", ""), message.get("step")))
+            trajectory._append_message(Message.from_dict(message))
         for step in data.get("steps") or []:
             trajectory.record_step(Step.from_dict(step))
         trajectory.usage = Usage.from_dict(data.get("usage"))
@@ -371,28 +412,48 @@ class TrajectoryWriter:
         self.trajectory.save()
 
     def after_reply(self, event: Any) -> None:
-        from miniswe.protocol import thought_of
-
         reply, trajectory = event.reply, self.trajectory
         trajectory.add_usage(reply.usage)
-        trajectory.add_message("assistant", reply.content, event.step)
+        trajectory.add_message("assistant", reply.content, event.step,
+                               tool_calls=[call.to_wire() for call in reply.tool_calls])
         for warning in reply.warnings:
             if trajectory._redact(warning) not in trajectory.warnings:
                 trajectory.warn(warning)
                 self.notify(f"warning: {warning}")
-        self._made = {"thought": thought_of(reply.content), "reasoning": reply.reasoning,
-                      "finish_reason": reply.finish_reason, "usage": reply.usage, "latency_s": round(reply.latency_s, 4)}
+        self._made = made_by(reply)
 
     def before_command(self, event: Any) -> None:
         if not event.veto:
-            self.trajectory.set_pending(Step(event.step, command=event.command, **self._made))
+            call = getattr(event, "tool_call", None)
+            made = self._made if not call or not call.get("index") else following(self._made)
+            self.trajectory.set_pending(Step(event.step, command=event.command, tool_call=call, **made))
             self.trajectory.save()
 
     def after_command(self, event: Any) -> None:
-        self.trajectory.record_step(event.step)
+        step = event.step
+        self.trajectory.record_step(step)
         if event.observation:
-            self.trajectory.add_message("user", event.message(), event.step.step)
+            if step.tool_call:
+                self.trajectory.add_message("tool", event.message(), step.step, tool_call_id=step.tool_call["id"])
+            else:
+                self.trajectory.add_message("user", event.message(), step.step)
         self.trajectory.save()
+
+
+def made_by(reply: Any) -> dict[str, Any]:
+    """What a step records of the model call that asked for it."""
+    from miniswe.protocol import strip_reasoning, thought_of
+
+    thought = strip_reasoning(reply.content or "").strip() if reply.tool_calls else thought_of(reply.content)
+    return {"thought": thought, "reasoning": reply.reasoning, "finish_reason": reply.finish_reason,
+            "usage": reply.usage, "latency_s": round(reply.latency_s, 4)}
+
+
+def following(made: dict[str, Any]) -> dict[str, Any]:
+    """What the second and later tool calls of a reply record: the call's usage, reasoning and latency are on
+    its first step only, so that summing steps counts each call once."""
+    return {"thought": "", "reasoning": None, "finish_reason": made.get("finish_reason"), "usage": Usage(),
+            "latency_s": 0.0}
 
 
 def read_document(path: str) -> Any:
@@ -448,6 +509,8 @@ def fork(parent: Trajectory, from_step: int, path: str, *, config: dict[str, Any
     for step in parent.steps[:from_step]:
         child.record_step(step)
         child.add_usage(step.usage)
+        for link in step.children or ():  # a sub-agent's usage counts in the run that started it
+            child.add_usage(Usage.from_dict(link.get("usage")))
     child.setup = list(parent.setup)
     child.compactions = [entry for entry in parent.compactions if entry.get("step", 0) <= from_step]
     child.parent = {"trajectory": os.path.abspath(parent.path), "run_id": parent.metadata.get("run_id"), "from_step": from_step}

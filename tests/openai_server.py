@@ -25,6 +25,8 @@ ITEM_HELP = """\
 Script: a JSON (or .yaml/.yml) list of items, served one per chat completion request.
   "text"                          normal 200 reply with that content
   {"content", "reasoning_content", "reasoning", "finish_reason", "usage", "cost", "cached_tokens"}
+  {"tool_calls": [{"name", "arguments", "id"}]}  native tool calls (arguments: an object, or raw text sent as
+                                  is); ids default to call_<request>_<n>, finish_reason to "tool_calls"
   {"status": 429, "retry_after": 2}   error with Retry-After; {"status": N, "body": {...}} custom body
   {"broken_json": true}  truncated 200 body    {"close": true}  drop the connection
   {"stall": S} / {"latency": S}  sleep S seconds before answering
@@ -84,7 +86,11 @@ def _error(status, message):
 def prompt_tokens(request):
     messages = request.get("messages") if isinstance(request, dict) else None
     messages = messages if isinstance(messages, list) else []
-    return sum(_text_len(m.get("content")) for m in messages if isinstance(m, dict)) // 4
+    # tool calls and tool definitions take room in the window as a real server counts it
+    chars = sum(_text_len(m.get("content")) + (len(json.dumps(m["tool_calls"])) if m.get("tool_calls") else 0)
+                for m in messages if isinstance(m, dict))
+    tools = request.get("tools") if isinstance(request, dict) else None
+    return (chars + (len(json.dumps(tools)) if tools else 0)) // 4
 
 
 def overflow(style, window, tokens):
@@ -104,12 +110,16 @@ def completion(item, request, seq):
     if isinstance(item, str):
         item = {"content": item}
     request = request if isinstance(request, dict) else {}
-    content = item.get("content", "")
+    calls = tool_calls(item, seq)
+    content = item.get("content", None if calls else "")
     message = {"role": "assistant", "content": content}
     for key in ("reasoning_content", "reasoning"):
         if key in item:
             message[key] = item[key]
-    usage = {"prompt_tokens": prompt_tokens(request), "completion_tokens": _text_len(content) // 4 + 1}
+    if calls:
+        message["tool_calls"] = calls
+    written = _text_len(content) + sum(len(c["function"]["arguments"]) + len(c["function"]["name"]) for c in calls)
+    usage = {"prompt_tokens": prompt_tokens(request), "completion_tokens": written // 4 + 1}
     if "cached_tokens" in item:
         usage["prompt_tokens_details"] = {"cached_tokens": item["cached_tokens"]}
     if "cost" in item:
@@ -121,9 +131,20 @@ def completion(item, request, seq):
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request.get("model") or "scripted-model",
-        "choices": [{"index": 0, "message": message, "finish_reason": item.get("finish_reason", "stop")}],
+        "choices": [{"index": 0, "message": message, "finish_reason": item.get("finish_reason", "tool_calls" if calls else "stop")}],
         "usage": usage,
     }
+
+
+def tool_calls(item, seq):
+    """An item's tool calls as OpenAI sends them: each with an id, type function, name and JSON text arguments."""
+    calls = []
+    for index, call in enumerate(item.get("tool_calls") or ()):
+        arguments = call.get("arguments", {})
+        calls.append({"id": call.get("id") or f"call_{seq}_{index + 1}", "type": "function",
+                      "function": {"name": call.get("name", ""),
+                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+    return calls
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -221,6 +242,12 @@ class _Handler(BaseHTTPRequestHandler):
             events += [delta(content=content[i:i + piece]) for i in range(0, len(content), piece)]
         elif content is not None:
             events.append(delta(content=content))
+        for index, call in enumerate(message.get("tool_calls") or ()):  # id and name first, then the arguments in pieces
+            events.append(delta(tool_calls=[{"index": index, "id": call["id"], "type": "function",
+                                             "function": {"name": call["function"]["name"], "arguments": ""}}]))
+            arguments = call["function"]["arguments"]
+            events += [delta(tool_calls=[{"index": index, "function": {"arguments": arguments[i:i + piece]}}])
+                       for i in range(0, len(arguments), piece)]
         events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
         options = request.get("stream_options") if isinstance(request.get("stream_options"), dict) else {}
         if spec.get("stream_usage", bool(options.get("include_usage"))):

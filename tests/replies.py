@@ -37,3 +37,17 @@ SLOW_LINES = {
     "long backtick run": "```bash\necho\nx" + "`" * (1 << 20) + "y",
     "backticks and letters": "".join("`a"[(i * 7919) % 3 == 0] for i in range(1 << 20)),
 }
+
+
+def call(tool: str, arguments=None, **fields) -> dict:
+    """One native tool call, as the scripted model and the scripted server take it (`arguments`: an object, or
+    the raw text a model might send; else the keyword arguments)."""
+    return {"name": tool, "arguments": fields if arguments is None else arguments}
+
+
+def calls(*items: dict, content: str = "") -> dict:
+    """A reply that calls tools: `items` made with `call`."""
+    return {"content": content, "tool_calls": list(items)}
+
+
+TOOL_SUBMIT = calls(call("submit", command="printf 'the patch'"))

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from conftest import SUBMIT, act
+from replies import TOOL_SUBMIT, call, calls
 from openai_server import ScriptedServer
 
 SUMMARY_REQUEST = "outgrow your context window"
@@ -157,3 +158,31 @@ def test_refusals_for_length_are_told_from_other_refusals_with_their_numbers(cli
         assert "the system prompt and the task alone exceed" in result.stderr, result.stderr
         if expected[0]:
             assert f"context window ({expected[0]} tokens)" in result.stderr
+
+
+def test_with_tool_calling_compaction_never_separates_a_call_from_its_answer(cli, tmp_path):
+    long_thought = "thinking hard about the blocks. " * 120  # ~3,800 characters of content beside each call
+    replies = [calls(call("bash", command=f"echo step-{n}; head -c 2000 /dev/zero | tr '\\0' o; echo"),
+                     content=long_thought if n % 2 == 0 else "") for n in range(1, 15)] + [TOOL_SUBMIT]
+    with ScriptedServer(replies, context_window=WINDOW, rules=[(SUMMARY_REQUEST, SUMMARY)]) as server:
+        result = run(cli, server, "-c", "protocol.kind=tools", "-c", f"agent.context_window={WINDOW}",
+                     "-c", "agent.keep_turns=2")
+        assert result.returncode == 0, result.stderr
+        assert server.overflows == 0, "compaction kept every prompt, tool calls and definitions included, in the window"
+        requests = chat_requests(server)
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["exit_status"] == "Submitted" and data["submission"] == "the patch"
+    assert any(c["kind"] == "summary" for c in data["compactions"]), "eliding alone was not enough here"
+    for request in requests:
+        messages = request["body"]["messages"]
+        assert request["body"]["tools"], "every call, the summary's too, offers the tools"
+        called = {c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or ()}
+        answered = {m["tool_call_id"] for m in messages if m["role"] == "tool"}
+        assert called == answered, "no call without its answer, no answer without its call"
+    last = requests[-1]["body"]["messages"]
+    assert SUMMARY in last[1]["content"]
+    assert any("elided to keep the conversation within the context window" in (m["content"] or "")
+               for r in requests for m in r["body"]["messages"] if m["role"] == "tool"), "tool answers are elided too"
+    assert last[-1]["role"] == "tool" and "o" * 2000 in last[-1]["content"], "the newest turn is whole"
+    # the record keeps every call and every answer
+    assert sum(m["role"] == "tool" and "o" * 2000 in m["content"] for m in data["messages"]) == 14

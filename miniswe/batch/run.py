@@ -32,7 +32,7 @@ from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.hooks import load_hooks
 from miniswe.output import add_secrets
 from miniswe.redaction import Secrets, masked_config, run_secrets
-from miniswe.runner import build_model
+from miniswe.runner import build_model, check_protocol, report_skills
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, batch_exit_code
 from miniswe.templates import Renderer, prompt_variables
@@ -218,6 +218,7 @@ def check_plans(task_file: TaskFile, plans: list[Plan]) -> dict[str, Renderer]:
     """
     renderers: dict[str, Renderer] = {}
     models: set[str] = set()
+    skills: set[str] = set()  # skills folders already checked: each problem is told once
     for plan in plans:
         model, agent = plan.config.model, plan.config.agent
         try:
@@ -227,8 +228,12 @@ def check_plans(task_file: TaskFile, plans: list[Plan]) -> dict[str, Renderer]:
             renderers[agent.templates_dir].check_instance(plan.task.text, plan.task.fields,
                                                           prompt_variables(plan.config, plan.config.environment.cwd))
             check_environment(plan.config.environment)
+            check_protocol(plan.config)
             if plan.config.agent.hooks:
                 load_hooks(plan.config.agent.hooks)
+            if plan.config.agent.skills_dirs and repr(plan.config.agent.skills_dirs) not in skills:
+                skills.add(repr(plan.config.agent.skills_dirs))
+                report_skills(plan.config)
             key = repr(model)
             if key not in models:
                 build_model(plan.config)  # refuses bad settings when built (no endpoint, no name, an unreadable script)

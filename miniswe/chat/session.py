@@ -19,7 +19,7 @@ from miniswe.chat import store
 from miniswe.config import Config
 from miniswe.errors import UsageError
 from miniswe.redaction import masked_config, run_secrets
-from miniswe.runner import build_model, close_environment, make_agent, open_environment
+from miniswe.runner import build_model, close_environment, make_agent, open_delegation, open_environment
 from miniswe.signals import Stop
 from miniswe.status import Outcome, outcome_of
 from miniswe.templates import Renderer
@@ -44,18 +44,27 @@ class ChatSession:
         self.stop = stop
         self.renderer = renderer or Renderer(config.agent.templates_dir)
         self.secrets = run_secrets(config)
-        self.services = {"hooks": hooks, "notify": notify, "ask": ask, "renderer": self.renderer}
         self.mode = mode
         self.notify = notify
         self.trajectory = self._new_trajectory()
         self.claimed = False  # whether this session has taken the autosave file yet (at its first turn)
         self.saved: tuple[int, int] | None = None  # messages and steps at the last /save
-        self.env = open_environment(config, self.trajectory, run_id=self.trajectory.metadata["run_id"], stop=stop)
+        # sub-agents' trajectories go to MINISWE_HOME/subagents, named after the session's run id: not among sessions
+        self.delegation = open_delegation(config, depth=0, stop=stop, renderer=self.renderer, notify=notify,
+                                          folder=os.path.join(store.home(), "subagents"))
+        self.services = {"hooks": hooks, "notify": notify, "ask": ask, "renderer": self.renderer,
+                         "delegation": self.delegation}
+        try:
+            self.env = self._open_environment()
+        except BaseException:
+            self._close_delegation()
+            raise
         try:
             self.model = build_model(config, stop=stop, on_retry=self._on_retry, on_delta=on_delta,
                                      calls_made=0)
         except BaseException:
             close_environment(self.env, self.trajectory)
+            self._close_delegation()
             raise
         self.agent = make_agent(config, self.trajectory, self.env, secrets=self.secrets, stop=stop, model=self.model,
                                 **self.services)
@@ -95,8 +104,10 @@ class ChatSession:
         if not any(m["role"] == "assistant" for m in agent.messages):
             raise UsageError("nothing to compact yet")
         request = self.renderer.render("compact.j2", submit_marker=self.config.protocol.submit_marker)
+        agent.close_calls()
         try:
-            reply = self.model.complete([*agent.context.project(agent.messages), {"role": "user", "content": request}])
+            reply = self.model.complete([*agent.context.project(agent.messages), {"role": "user", "content": request}],
+                                        **agent.wire.request())
         except BaseException as error:
             return outcome_of(error, self.stop.outcome)
         self._claim()
@@ -179,6 +190,7 @@ class ChatSession:
                 self.trajectory.save()
         finally:
             close_environment(self.env, self.trajectory)
+            self._close_delegation()
 
     # -- inside --------------------------------------------------------------------------------------------
     def _new_trajectory(self) -> Trajectory:
@@ -229,7 +241,7 @@ class ChatSession:
         after the latest system message before them."""
         messages = self.trajectory.messages
         start = int((self.trajectory.session or {}).get("context_from") or 0)
-        context = [{"role": m.role, "content": m.content} for m in messages[start:]]
+        context = [m.wire() for m in messages[start:]]
         if not context or context[0]["role"] != "system":
             system = next((m for m in reversed(messages[:start]) if m.role == "system"), None)
             if system is not None:
@@ -241,10 +253,17 @@ class ChatSession:
         was, perhaps inside the environment: a new one is started rather than trust its state. A local one
         keeps its working directory; a container starts afresh."""
         close_environment(self.env, self.trajectory)
-        self.env = open_environment(self.config, self.trajectory, run_id=self.trajectory.metadata["run_id"],
-                                    stop=self.stop)
+        self.env = self._open_environment()
         self.agent.env = self.env
         self.notify("the environment was restarted after a forced stop")
+
+    def _open_environment(self) -> Any:
+        return open_environment(self.config, self.trajectory, run_id=self.trajectory.metadata["run_id"], stop=self.stop,
+                                delegation=self.delegation)
+
+    def _close_delegation(self) -> None:
+        if self.delegation is not None:
+            self.delegation.close()
 
     def _on_retry(self, message: str) -> None:
         self.trajectory.add_usage(Usage(retries=1))

@@ -40,7 +40,8 @@ class LocalEnvironment:
     config_class = LocalConfig
     keeps_state = True  # the working directory holds what earlier commands did: a resumed run goes on there
 
-    def __init__(self, config: LocalConfig, *, hidden_env: Sequence[str] = (), confine: bool = False, **_: Any):
+    def __init__(self, config: LocalConfig, *, hidden_env: Sequence[str] = (), confine: bool = False,
+                 extra_env: dict[str, str] | None = None, **_: Any):
         self.config = config
         if confine and landlock_abi() < 1:
             raise SandboxError("policy.confine: this kernel has no Landlock (Linux 5.13+ with Landlock enabled "
@@ -52,6 +53,12 @@ class LocalEnvironment:
         # variables commands must not inherit (the API key): they are miniswe's, not the task's
         inherited = {k: v for k, v in os.environ.items() if k not in hidden_env}
         self.env = {**inherited, **QUIET_ENV, **{k: str(v) for k, v in config.env.items()}}
+        # what miniswe itself gives its commands (subagents.command_env): `miniswe` first on the PATH, and where to
+        # ask it for a sub-agent or a skill
+        extra = dict(extra_env or {})
+        if "PATH" in extra:
+            self.env["PATH"] = os.pathsep.join(filter(None, (extra.pop("PATH"), self.env.get("PATH", os.defpath))))
+        self.env.update(extra)
         self._spawner: Spawner | None = None
         self._pid: int | None = None  # the running command (its session's leader)
         self._executing = False

@@ -48,6 +48,11 @@ def step_title(step: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def child_line(child: dict[str, Any]) -> str:
+    """A sub-agent the step ran: how it ended, and where its own trajectory is."""
+    return f"↳ sub-agent (depth {child['depth']}): {child['exit_status']}, {child['steps']} steps: {child['trajectory']}"
+
+
 def step_body(step: dict[str, Any], full: bool) -> tuple[str, str]:
     """(label, text) of what a step shows under its command: the observation, or with --full the stored output."""
     if full:
@@ -112,6 +117,7 @@ def plain_trajectory(view: dict[str, Any], *, full: bool) -> str:
             out.append(step["thought"])
         if step["command"] is not None:
             out.append(_prefixed("$ ", step["command"], "  "))
+        out += [child_line(child) for child in step.get("children") or ()]
         label, body = step_body(step, full)
         if label:
             out.append(f"({label})")
@@ -265,7 +271,9 @@ def rich_trajectory(view: dict[str, Any], *, full: bool) -> str:
         if step["thought"]:
             out.append(paint(step["thought"], "italic"))
         if step["command"] is not None:
-            out.append(paint("$ ", "bold yellow") + paint.bash(step["command"]))
+            shown = step["command"] if step.get("tool") in (None, "bash", "submit") else None
+            out.append(paint("$ ", "bold yellow") + (paint.bash(shown) if shown is not None else paint(step["command"], "yellow")))
+        out += [paint(child_line(child), "cyan") for child in step.get("children") or ()]
         label, body = step_body(step, full)
         if label:
             out.append(paint(f"({label})", "dim"))

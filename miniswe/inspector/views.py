@@ -40,7 +40,7 @@ def step_view(step: Step, observation: str | None, missing: frozenset[str] = fro
     """One step; a figure its format did not record (see `foreign.NOT_RECORDED`) is None."""
     usage = step.usage
     tokens = "tokens" not in missing
-    return {
+    view = {
         "step": step.step,
         "thought": step.thought,
         "reasoning": step.reasoning,
@@ -63,6 +63,12 @@ def step_view(step: Step, observation: str | None, missing: frozenset[str] = fro
         "latency_s": step.latency_s,
         "finish_reason": step.finish_reason,
     }
+    if step.tool_call:  # only where there is one: a text-protocol run's view is as it was
+        view["tool"] = step.tool_call.get("name")
+    if step.children:
+        view["children"] = [{key: link.get(key) for key in ("trajectory", "depth", "task", "exit_status", "steps")}
+                            for link in step.children]
+    return view
 
 
 def header_view(trajectory: Trajectory) -> dict[str, Any]:

@@ -4,11 +4,14 @@ A kind is a class with `config_class` (a dataclass extending ModelConfig), built
 `cls(config, gate=..., stop=..., on_retry=..., calls_made=...)`: the call gate it shares with other runs,
 the Stop that may cancel a call, a callback told of each retry, and how many calls the run already made
 (a resumed run; a model answering from a list goes on from there). Built-in kinds are named here; any other is
-given as `package.module:Class`.
+given as `package.module:Class`. A kind may also have `for_child(stop=..., on_retry=...)`, the model a sub-agent
+uses (the built-in kinds share their gate, or their script's position); without it a sub-agent builds its own.
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,6 +32,30 @@ class ModelConfig:
     name: str = ""  # model name sent to the endpoint; also -m / MINISWE_MODEL
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """One native tool call of a reply (protocol.kind: tools): `arguments` is the JSON text the model wrote,
+    unparsed, so a malformed one can be shown back to it."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_wire(self) -> dict[str, Any]:
+        """The call as an assistant message carries it (OpenAI's shape)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    @classmethod
+    def from_wire(cls, data: Any, index: int = 0) -> ToolCall:
+        """A call as an endpoint or a trajectory gives it; missing parts become empty text (the parser says so)."""
+        data = data if isinstance(data, dict) else {}
+        function = data.get("function") if isinstance(data.get("function"), dict) else {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):  # some servers send the object itself
+            arguments = "" if arguments is None else json.dumps(arguments)
+        return cls(str(data.get("id") or f"call_{index + 1}"), str(function.get("name") or ""), arguments)
+
+
 @dataclass
 class Reply:
     content: str
@@ -37,17 +64,30 @@ class Reply:
     usage: Usage = field(default_factory=lambda: Usage(model_calls=1))
     latency_s: float = 0.0
     warnings: list[str] = field(default_factory=list)  # what was wrong with the answer but not fatal (odd usage figures)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # native tool calls (protocol.kind: tools)
 
 
 class Model(Protocol):
-    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
+    def complete(self, messages: Sequence[dict[str, Any]], *, deadline: float | None = None,
+                 tools: Sequence[dict[str, Any]] | None = None) -> Reply:
         """One chat completion. Raises ModelError when the endpoint fails for good, DeadlineReached when
-        `deadline` (time.monotonic) passes first, Cancelled when the run's Stop cuts the call short."""
+        `deadline` (time.monotonic) passes first, Cancelled when the run's Stop cuts the call short. `tools`
+        (the OpenAI function definitions) is passed only with protocol.kind: tools; a kind that cannot call
+        tools may leave the parameter out, and such a run is refused at start."""
         ...
 
     def describe(self) -> dict[str, Any]:
         """Kind, name and endpoint for the trajectory (no secret values)."""
         ...
+
+
+def calls_tools(cls: type) -> bool:
+    """Whether a model kind's `complete` takes `tools` (protocol.kind: tools needs it)."""
+    try:
+        parameters = inspect.signature(cls.complete).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return "tools" in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def model_class(kind: str) -> type:

@@ -5,7 +5,7 @@ retried (models/retry.py); requests the server refuses fail at once with the lik
 as a whole, not per read: at its deadline, or when the run is stopped at once, its socket is shut down.
 
 With `stream`, the reply is read as server-sent events and each piece of reasoning and text is handed to
-`on_delta` as it arrives; the pieces are assembled into the same reply a non-streamed call gives. A stream
+`on_delta` as it arrives; the pieces (tool calls' too) are assembled into the same reply a non-streamed call gives. A stream
 that sends nothing for `stream_idle_timeout` seconds is cut and retried like any failed call.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from miniswe import __version__, debuglog
 from miniswe.errors import Cancelled, ConfigError, ContextLengthError, DeadlineReached, ModelError
-from miniswe.models import ModelConfig, Reply
+from miniswe.models import ModelConfig, Reply, ToolCall
 from miniswe.models.deadline import Watchdog
 from miniswe.models.gate import CallGate
 from miniswe.models.pricing import PriceSettings, price
@@ -89,12 +89,19 @@ class OpenAIModel:
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
 
-    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
+    def for_child(self, *, stop: Stop, on_retry: Callable[[str], None] | None = None, **_: Any) -> OpenAIModel:
+        """The model a sub-agent calls: the same endpoint and call gate, cancelled by the sub-agent's own stop."""
+        return OpenAIModel(self.config, gate=self.gate, stop=stop, on_retry=on_retry)
+
+    def complete(self, messages: Sequence[dict[str, Any]], *, deadline: float | None = None,
+                 tools: Sequence[dict[str, Any]] | None = None) -> Reply:
         body = {
             "model": self.config.name,
-            "messages": list(messages),  # role and content only: reasoning is never sent back
+            "messages": list(messages),  # role and content (and tool calls): reasoning is never sent back
             "temperature": self.config.temperature,
         }
+        if tools:
+            body["tools"] = list(tools)
         if self.config.stream:  # usage comes in a last chunk only when asked for (OpenAI, vLLM)
             body.update(stream=True, stream_options={"include_usage": True})
         body.update(self.config.params)
@@ -195,6 +202,7 @@ class OpenAIModel:
         body a non-streamed call would have had (content, reasoning, finish_reason, and usage if sent)."""
         content: list[str] = []
         reasoning: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}  # tool calls by their index, assembled from their pieces
         state: dict[str, Any] = {"finish": None, "usage": None, "done": False}
         pending: list[str] = []  # the data lines of an event not complete yet
 
@@ -231,6 +239,8 @@ class OpenAIModel:
                 if isinstance(text, str) and text:
                     content.append(text)
                     self.on_delta("content", text)
+                for piece in delta.get("tool_calls") if isinstance(delta.get("tool_calls"), list) else ():
+                    _add_call_piece(calls, piece)
                 if isinstance(choice.get("finish_reason"), str):
                     state["finish"] = choice["finish_reason"]
 
@@ -264,6 +274,8 @@ class OpenAIModel:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
         if reasoning:
             message["reasoning_content"] = "".join(reasoning)
+        if calls:
+            message["tool_calls"] = [calls[index] for index in sorted(calls)]
         data: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": state["finish"]}]}
         if state["usage"] is not None:
             data["usage"] = state["usage"]
@@ -297,12 +309,14 @@ class OpenAIModel:
         usage, refused = call_usage(raw.get("prompt_tokens"), raw.get("completion_tokens"), raw.get("total_tokens"),
                                     cached, raw.get("cost"), price=lambda u: price(u, self.config.prices))
         reasoning = message.get("reasoning_content") or message.get("reasoning")
+        calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
         return Reply(
             content=content,
             reasoning=reasoning if isinstance(reasoning, str) else None,
             finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
             usage=usage,
             warnings=[f"the endpoint reported unusable usage figures, counted as 0: {', '.join(refused)}"] if refused else [],
+            tool_calls=[ToolCall.from_wire(call, index) for index, call in enumerate(calls)],
         )
 
     def _scrub(self, message: str) -> str:
@@ -362,6 +376,21 @@ def _body_chunks(response: Any) -> Any:
         raise requests.exceptions.SSLError(error) from None
     except (exceptions.HTTPError, OSError) as error:
         raise requests.exceptions.ChunkedEncodingError(error) from None
+
+
+def _add_call_piece(calls: dict[int, dict[str, Any]], piece: Any) -> None:
+    """One streamed piece of a tool call: its id and name come once, its arguments in pieces, all by `index`."""
+    if not isinstance(piece, dict):
+        return
+    index = piece.get("index") if isinstance(piece.get("index"), int) else len(calls)
+    call = calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    if isinstance(piece.get("id"), str) and piece["id"]:
+        call["id"] = piece["id"]
+    function = piece.get("function") if isinstance(piece.get("function"), dict) else {}
+    if isinstance(function.get("name"), str) and not call["function"]["name"]:  # sent once, in the call's first piece
+        call["function"]["name"] = function["name"]
+    if isinstance(function.get("arguments"), str):
+        call["function"]["arguments"] += function["arguments"]
 
 
 def _cut_off() -> Exception:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniswe.errors import ConfigError, ModelError, TrajectoryError
-from miniswe.models import ModelConfig, Reply
+from miniswe.models import ModelConfig, Reply, ToolCall
 from miniswe.usage import Usage
 
 
@@ -41,6 +41,7 @@ class ReplayModel:
                     finish_reason=step.finish_reason if step else "stop",
                     usage=step.usage if step else Reply(content="").usage,
                     latency_s=0.0,
+                    tool_calls=[ToolCall.from_wire(call, index) for index, call in enumerate(message.tool_calls or ())],
                 ))
         self.summaries = [Reply(content=entry["summary"], usage=Usage.from_dict(entry.get("usage")), latency_s=0.0)
                           for entry in recording.compactions if entry.get("summary")]
@@ -48,10 +49,19 @@ class ReplayModel:
         self.source = config.trajectory
         self.calls = calls_made  # a continued run goes on with the reply after the last one it used
 
+    def for_child(self, **_: Any) -> ReplayModel:
+        """A sub-agent's model: the recording holds only its own run's replies, so a sub-agent gets none (its run
+        ends as ModelError, which the replayed run's step shows)."""
+        child = ReplayModel.__new__(ReplayModel)
+        child.replies, child.source, child.calls = [], f"{self.source} (a sub-agent's replies are not in it)", 0
+        child.summaries, child.summaries_given = [], 0
+        return child
+
     def describe(self) -> dict[str, Any]:
         return {"kind": "replay", "trajectory": self.source, "replies": len(self.replies)}
 
-    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
+    def complete(self, messages: Sequence[dict[str, Any]], *, deadline: float | None = None,
+                 tools: Sequence[dict[str, Any]] | None = None) -> Reply:
         if self.calls >= len(self.replies):
             raise ModelError(f"replay model: {self.source} has no reply for call {self.calls + 1} "
                              f"(it recorded {len(self.replies)}); the replayed run went further than the recording")

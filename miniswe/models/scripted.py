@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from miniswe.errors import ConfigError, ModelError
-from miniswe.models import ModelConfig, Reply
+from miniswe.models import ModelConfig, Reply, ToolCall
 from miniswe.usage import call_usage
 
 
 @dataclass(frozen=True)
 class ScriptedConfig(ModelConfig):
     kind: str = "scripted"
-    script: str = ""  # YAML/JSON list of replies: strings, or {content, reasoning, finish_reason, usage, cost}
+    script: str = ""  # YAML/JSON list of replies: strings, or {content, reasoning, finish_reason, usage, cost, tool_calls}
 
 
 def load_script(path: str) -> list[Any]:
@@ -53,29 +53,51 @@ class ScriptedModel:
             replies = load_script(config.script)
         self.source = config.script or "the given replies"
         self.replies = list(replies)
-        self.calls = calls_made  # a continued run goes on with the reply after the last one it used
+        self._position = [calls_made]  # a continued run goes on with the reply after the last one it used
+
+    @property
+    def calls(self) -> int:
+        return self._position[0]
+
+    def for_child(self, **_: Any) -> ScriptedModel:
+        """A sub-agent's model: it answers from the same list, going on where the parent is (the parent waits
+        while its sub-agent runs), so one script holds a whole chain's replies in the order they are asked for."""
+        child = ScriptedModel.__new__(ScriptedModel)
+        child.source, child.replies, child._position = self.source, self.replies, self._position
+        return child
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "scripted", "script": self.source, "replies": len(self.replies)}
 
-    def complete(self, messages: Sequence[dict[str, str]], *, deadline: float | None = None) -> Reply:
+    def complete(self, messages: Sequence[dict[str, Any]], *, deadline: float | None = None,
+                 tools: Sequence[dict[str, Any]] | None = None) -> Reply:
         if self.calls >= len(self.replies):
             raise ModelError(f"scripted model: no reply left for call {self.calls + 1}; add replies to {self.source}")
         item = self.replies[self.calls]
-        self.calls += 1
+        self._position[0] += 1
         if isinstance(item, str):
             item = {"content": item}
         content = str(item.get("content") or "")
+        calls = [_tool_call(call, index) for index, call in enumerate(item.get("tool_calls") or [])]
         given = item.get("usage") if isinstance(item.get("usage"), dict) else {}
         usage, refused = call_usage(
-            given.get("prompt_tokens", sum(len(m["content"]) for m in messages) // 4),
+            given.get("prompt_tokens", sum(len(m.get("content") or "") for m in messages) // 4),
             given.get("completion_tokens", len(content) // 4 + 1),
             given.get("total_tokens"), given.get("cached_tokens"), item.get("cost", given.get("cost")),
         )
         return Reply(
             content=content,
             reasoning=item.get("reasoning"),
-            finish_reason=item.get("finish_reason", "stop"),
+            finish_reason=item.get("finish_reason", "tool_calls" if calls else "stop"),
             usage=usage,
             warnings=[f"the script's usage figures were refused, counted as 0: {', '.join(refused)}"] if refused else [],
+            tool_calls=calls,
         )
+
+
+def _tool_call(item: Any, index: int) -> ToolCall:
+    """A scripted tool call: {name, arguments (a mapping, or the raw text a model might send), id}."""
+    item = item if isinstance(item, dict) else {}
+    arguments = item.get("arguments", {})
+    return ToolCall(str(item.get("id") or f"call_{index + 1}"), str(item.get("name") or ""),
+                    arguments if isinstance(arguments, str) else json.dumps(arguments))
