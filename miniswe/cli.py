@@ -131,11 +131,25 @@ def _checked_line(checked) -> str:
 def _run_new(task: str, config: list[str], flags: dict, output: str | None, stop, services: dict):
     """A new run of `task`: its config checked, then run with signals turned into a stop."""
     from miniswe.errors import UsageError
-    from miniswe.output import add_secrets
-    from miniswe.redaction import run_secrets
-    from miniswe.runner import check_ready, run_task
+    from miniswe.runner import run_task
     from miniswe.trajectory import default_trajectory_path, new_run_id
     from miniswe.signals import SignalHandlers
+
+    cfg, renderer = _ready_config(config, flags, task)
+    run_id = new_run_id()
+    path = output or default_trajectory_path(task, run_id)
+    if os.path.isdir(path):
+        raise UsageError(f"-o {path}: is a directory; give a file path such as {os.path.join(path, 'run.traj.json')}")
+    with SignalHandlers(stop, first_urgent=True):
+        return run_task(cfg, task, path, run_id=run_id, renderer=renderer, **services)
+
+
+def _ready_config(config: list[str], flags: dict, task: str = ""):
+    """The config of a run or a chat, its secrets known to every printer, checked ready to start: (config, renderer)."""
+    from miniswe.errors import UsageError
+    from miniswe.output import add_secrets
+    from miniswe.redaction import run_secrets
+    from miniswe.runner import check_ready
 
     cfg = resolve_config(config, flags)
     add_secrets(run_secrets(cfg))
@@ -145,12 +159,7 @@ def _run_new(task: str, config: list[str], flags: dict, output: str | None, stop
         raise UsageError(f"{where}: no such directory; create it or give an existing one")
     renderer = check_ready(cfg, task)
     _warn_orphans(cfg)
-    run_id = new_run_id()
-    path = output or default_trajectory_path(task, run_id)
-    if os.path.isdir(path):
-        raise UsageError(f"-o {path}: is a directory; give a file path such as {os.path.join(path, 'run.traj.json')}")
-    with SignalHandlers(stop, first_urgent=True):
-        return run_task(cfg, task, path, run_id=run_id, renderer=renderer, **services)
+    return cfg, renderer
 
 
 def _report_end(result, display, summary_line) -> NoReturn:
@@ -188,18 +197,7 @@ def chat(
 
         if mode not in MODES:
             raise UsageError(f"--mode {mode}: choose one of {', '.join(MODES)}")
-        from miniswe.output import add_secrets
-        from miniswe.redaction import run_secrets
-        from miniswe.runner import check_ready
-
-        cfg = resolve_config(config, flags)
-        add_secrets(run_secrets(cfg))
-        cwd = cfg.environment.cwd
-        if cfg.environment.kind == "local" and cwd and not os.path.isdir(cwd):
-            where = f"--cwd {cwd}" if flags["cwd"] else f"environment.cwd: {cwd}"
-            raise UsageError(f"{where}: no such directory; create it or give an existing one")
-        renderer = check_ready(cfg)
-        _warn_orphans(cfg)
+        cfg, renderer = _ready_config(config, flags)
         from miniswe.chat.repl import chat as run_chat
 
         code = run_chat(cfg, mode, renderer)

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from raycluster import ROOT, LoopbackNamespace, TwoNodeCluster, unavailable
 from replies import act
+import waiting
 
 _problem = None if importlib.util.find_spec("ray") else "ray is not installed (pip install -e '.[test,ray]')"
 _problem = _problem or unavailable()
@@ -118,10 +119,7 @@ def finish(proc, timeout=120):
 
 
 def wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
+    return waiting.wait_for(predicate, timeout=timeout)  # a cluster takes longer than one machine
 
 
 def ledger(run_dir: Path) -> dict[str, dict]:

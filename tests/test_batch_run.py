@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import act, clean_env, miniswe_cmd
 from openai_server import ScriptedServer
+from waiting import wait_for
 
 from miniswe.batch.run import BatchOptions, run_batch
 from miniswe.config import load_config
@@ -254,13 +255,6 @@ def start_batch(tmp_path, server, *args):
 def finish(proc, timeout=60):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.01)
 
 
 def ledger_lines(run_dir):

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd, pids_alive
+from waiting import wait_for
 
 SENTINEL = "sk-sentinel-9f8e7d6c5b4a"
 
@@ -186,13 +187,6 @@ def start_run_args(server, tmp_path, *extra):
 def start_run(server, tmp_path, *extra):
     return subprocess.Popen(start_run_args(server, tmp_path, *extra), cwd=tmp_path, env=clean_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(predicate, timeout=20):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout}s"
-        time.sleep(0.02)
 
 
 def wait_for_steps(tmp_path, count, timeout=20):

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from conftest import SUBMIT, act, clean_env, miniswe_cmd
 from openai_server import ScriptedServer
+from waiting import wait_for
 
 # test_docker.py holds the gate: importing it skips this module when no engine (or no test image) is reachable,
 # and fails it instead when CI says it started one (MINISWE_REQUIRE_DOCKER=1).
@@ -63,16 +64,6 @@ def host_processes_naming(container: str) -> list[str]:
             if container in cmdline:
                 found.append(f"{entry} {cmdline.strip()}")
     return found
-
-
-def wait_for(predicate, what: str, timeout: float = 20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def stderr_lines(stderr: str) -> list[str]:

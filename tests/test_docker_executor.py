@@ -27,6 +27,7 @@ except pytest.skip.Exception as no_engine:
 from miniswe.environments.docker import DockerConfig, DockerEnvironment
 from miniswe.errors import ConfigError, SandboxError
 from miniswe.limits import NO_TIMEOUT
+from waiting import wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -66,16 +67,6 @@ def in_background(env: DockerEnvironment, command: str, timeout: float = 60) -> 
     thread = threading.Thread(target=lambda: box.update(result=env.execute(command, timeout=timeout)))
     thread.start()
     return thread, box
-
-
-def wait_for(predicate, what: str, timeout: float = 20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def running(env: DockerEnvironment, needle: str, exe: str = "docker") -> bool:

@@ -74,21 +74,17 @@ class ChatSession:
         """The person's message, then the loop until the agent submits, a limit, a stop or a failure."""
         self._begin("task", text)
         self.trajectory.begin_turn()
-        try:
-            outcome = self.agent.turn(text)
-        except KeyboardInterrupt as error:
-            outcome = outcome_of(error, self.stop.outcome)
-            self._renew_environment()
-        except BaseException as error:
-            outcome = outcome_of(error, self.stop.outcome)
-        self._end(outcome)
-        return outcome
+        return self._guarded(self.agent.turn, text)
 
     def act(self, command: str) -> Outcome | None:
         """A command the person typed (human mode): one step, recorded like the model's; no model call."""
         self._begin("command", command)
+        return self._guarded(self.agent.act, command)
+
+    def _guarded(self, work, text: str) -> Outcome:
+        """`work(text)` ended as an outcome, whatever ends it; a forced stop leaves a fresh environment."""
         try:
-            outcome = self.agent.act(command)
+            outcome = work(text)
         except KeyboardInterrupt as error:
             outcome = outcome_of(error, self.stop.outcome)
             self._renew_environment()
