@@ -12,7 +12,7 @@ from miniswe.config import Config
 from miniswe.environments import CommandResult, Environment
 from miniswe.environments.capture import elision_notice
 from miniswe.errors import SandboxError
-from miniswe.hooks import CommandEvent, Hooks, ModelCall, ReplyEvent, RunEnd, RunStart, StepEvent, load_hooks
+from miniswe.hooks import CommandEvent, HookError, Hooks, ModelCall, ReplyEvent, RunEnd, RunStart, StepEvent, load_hooks
 from miniswe.limits import BudgetWarnings, Limits
 from miniswe.models import Model, Reply
 from miniswe.policy import CommandPolicy
@@ -20,7 +20,7 @@ from miniswe.protocol import FormatError, submission
 from miniswe.repeats import RepeatDetector
 from miniswe.signals import Stop
 from miniswe.skills import SkillError, catalog, load_skills, read_skill
-from miniswe.status import ExitStatus, Outcome, interrupted
+from miniswe.status import ExitStatus, Outcome, interrupted, outcome_of
 from miniswe.templates import Renderer, number, prompt_variables
 from miniswe.tools import FILE_TOOLS, SHELL_TOOLS, SKILL, SUBAGENT, Action, files
 from miniswe.trajectory import Step, Trajectory, TrajectoryWriter, following, made_by
@@ -101,12 +101,14 @@ class Agent:
                                           subagents=delegation is not None, depth=depth, tools=self.wire.tools)
         self.context = Compactor(config.agent, trajectory, model, renderer, notify, request=self.wire.request)
         kind = config.environment.kind
+        policy = CommandPolicy(config.policy, environment_kind=kind, ask=ask)
         self.hooks = Hooks([
-            CommandPolicy(config.policy, environment_kind=kind, ask=ask),
+            policy,
             RepeatDetector(config.agent.max_repeats),
             BudgetWarnings(self.limits, trajectory.usage),
             *load_hooks(config.agent.hooks),
             *hooks,
+            policy.rewritten(),
             TrajectoryWriter(trajectory, notify),
         ])
 
@@ -182,13 +184,7 @@ class Agent:
         self.hooks("on_run_start", RunStart(command, first))
         number_ = len(self.trajectory.steps) + 1
         reply, action = self.wire.typed(command, number_)
-        outcome = None
-        try:
-            outcome = self.stop.outcome or self._answer(number_, reply, action)
-        finally:
-            if outcome is not None:
-                self.hooks("on_run_end", RunEnd(outcome))
-        return outcome
+        return self._until_end(lambda: self.stop.outcome or self._answer(number_, reply, action))
 
     def _opening(self) -> list[dict[str, str]]:
         """The system message, when the conversation has none yet (a chat session's first turn, or after /clear)."""
@@ -201,14 +197,32 @@ class Agent:
         self.trajectory.describe(model=self.model.describe())
 
     def _loop(self) -> Outcome:
-        outcome = None
-        try:
+        def steps() -> Outcome:
+            outcome = None
             while outcome is None:
                 outcome = self.stop.outcome or self.limits.reached(self.trajectory.usage) or self.step()
-        finally:
-            if outcome is not None:
-                self.hooks("on_run_end", RunEnd(outcome))
+            return outcome
+
+        return self._until_end(steps)
+
+    def _until_end(self, work: Callable[[], Outcome | None]) -> Outcome | None:
+        """`work()`, then on_run_end with how it ended: its outcome, or the one what escaped it becomes (raised
+        on after the hooks heard of it). A hook failing there adds a warning; the outcome stands."""
+        try:
+            outcome = work()
+        except (Exception, KeyboardInterrupt) as error:  # SystemExit and the like are not a run's end
+            self._run_end(outcome_of(error, self.stop.outcome))
+            raise
+        if outcome is not None:
+            self._run_end(outcome)
         return outcome
+
+    def _run_end(self, outcome: Outcome) -> None:
+        try:
+            self.hooks("on_run_end", RunEnd(outcome))
+        except HookError as error:
+            self.trajectory.warn(str(error))
+            self.notify(f"warning: {error}")
 
     def step(self) -> Outcome | None:
         number_ = len(self.trajectory.steps) + 1

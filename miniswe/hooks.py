@@ -15,7 +15,9 @@ Six moments, each an event object passed to every hook that has the method (all 
 The trajectory writer, the console display, batch progress, loop detection, the command policy and the
 interactive approval modes are all hooks: nothing else observes or steers the loop. Third-party hooks are
 loaded from config by `package.module:Class` (`agent.hooks`). A hook that raises ends the run as `Error`
-with one line naming the hook, never a traceback on the console.
+with one line naming the hook, never a traceback on the console (the traceback is in `exit_detail`); what
+happened before it stays on record (the step whose command ran, the reply that was paid for). A hook that
+raises in on_run_end, once the run has its outcome, changes nothing but a warning.
 """
 
 from __future__ import annotations
@@ -96,17 +98,24 @@ class Hooks:
         self.hooks = list(hooks)
 
     def __call__(self, name: str, event: Any) -> Any:
+        failure: HookError | None = None
         for hook in self.hooks:
             method = getattr(hook, name, None)
-            if method is None:
+            # after a hook failed, only the record is still told what happened (not what was about to: a
+            # decision the chain did not finish is not recorded as made)
+            if method is None or failure is not None and not (getattr(hook, "records", False)
+                                                              and not name.startswith("before_")):
                 continue
             try:
                 method(event)
-            except HookError:
-                raise
+            except HookError as error:
+                failure = failure or error
             except Exception as error:
                 where = f"{type(hook).__module__}.{type(hook).__qualname__}.{name}"
-                raise HookError(f"hook {where} raised {type(error).__name__}: {error}") from error
+                failure = failure or HookError(f"hook {where} raised {type(error).__name__}: {error}")
+                failure.__cause__ = failure.__cause__ or error
+        if failure is not None:
+            raise failure
         return event
 
 

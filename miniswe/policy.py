@@ -12,31 +12,57 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# Each pattern with what it would do, for the model's refusal message.
+# Where a command word can stand: a line's start or after a separator, then any keywords, variable assignments
+# and wrappers that run their arguments as a command (sudo, env, nohup, timeout, ...); the word may be a path
+# (/bin/rm) or escaped (\rm). A word elsewhere (`grep mkfs`, `man reboot`) is an argument, not a command.
+# Each part can match in one way only, so a long command is read in linear time (a wrapper's arguments, and any
+# wrappers after it, are one run of words).
+AT_COMMAND = (r"(?:^|[;&|({`]|\$\()\s*"
+              r"(?:(?:then|do|else|elif|if|while|until|time|!)\s+|\w+=\S*\s+)*"
+              r"(?:(?:sudo|doas|nohup|exec|command|builtin|env|nice|ionice|setsid|stdbuf|timeout|xargs)\s+"
+              r"(?:[^;&|\n]*\s)?)?"
+              r"\\?(?:[\w.-]*/)*")
+_END = r"(?=\s|$|[;&|)`])"
+_ROOT_OR_HOME = r"(?:/\*?|(?:~|\$HOME|\$\{HOME\})(?:/\*?)?)"
+
+# The built-in rules, by name (policy.deny lists names and regexes): each pattern with what it would do, for the
+# model's refusal message.
 DENY = {
-    r"(?:^|[;&|({]\s*|\bsudo\s+|\bxargs\s+)rm\s+(?:[^;&|\n]*\s)?(?:/|/\*|~|~/|~/\*|\$HOME|\$\{HOME\}|\$HOME/\*)(?=\s|$|[;&|)])":
-        "deletes the whole file system or the home folder",
-    r"\bmkfs(?:\.\w+)?\b": "formats a disk",
-    r"(?:>|\bof=)\s*/dev/(?:sd[a-z]|nvme\d|hd[a-z]|vd[a-z]|xvd[a-z]|mmcblk\d|disk\d|mapper/)": "writes to a raw disk",
-    r"(\w+|:)\s*\(\)\s*\{\s*\1\s*\|\s*\1\s*&\s*\}\s*;?\s*\1": "is a fork bomb",
-    r"(?:^|[;&|({]\s*|\bsudo\s+)(?:shutdown|reboot|halt|poweroff|init\s+[06]|systemctl\s+(?:reboot|poweroff|halt|kexec))\b":
-        "stops or restarts the machine",
-    r"\bkill\s+(?:-\S+\s+)*-1(?=\s|$|[;&|)])": "signals every process the user may signal",
-    r"\bch(?:mod|own|grp)\s+(?:-\S*\s+)*-\S*R\S*\s+(?:\S+\s+)?/(?=\s|$|[;&|)])": "changes permissions of the whole file system",
+    "delete-root-or-home": (AT_COMMAND + r"rm\s+(?:[^;&|\n]*\s)?" + _ROOT_OR_HOME + _END,
+                            "deletes the whole file system or the home folder"),
+    "mkfs": (AT_COMMAND + r"mkfs(?:\.\w+)?" + _END, "formats a disk"),
+    "raw-disk-write": (r"(?:>|\bof=)\s*/dev/(?:sd[a-z]|nvme\d|hd[a-z]|vd[a-z]|xvd[a-z]|mmcblk\d|disk\d|mapper/)",
+                       "writes to a raw disk"),
+    "fork-bomb": (r"(\w+|:)\s*\(\)\s*\{\s*\1\s*\|\s*\1\s*&\s*\}\s*;?\s*\1", "is a fork bomb"),
+    "shutdown": (AT_COMMAND + r"(?:shutdown|reboot|halt|poweroff|init\s+[06]|systemctl\s+(?:reboot|poweroff|halt|kexec))"
+                 + _END, "stops or restarts the machine"),
+    # -1 as a process id, not as the signal: after a signal option, `--` or a first process id (`kill -1 PID`
+    # is a hang-up for one process)
+    "kill-all": (AT_COMMAND + r"kill\s+(?:\S+\s+)+-1" + _END, "signals every process the user may signal"),
+    "chmod-root": (AT_COMMAND + r"ch(?:mod|own|grp)\s+(?:-\S+\s+)*-\S*R\S*\s+(?:\S+\s+)?/" + _END,
+                   "changes permissions of the whole file system"),
 }
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    deny: list[str] = field(default_factory=lambda: list(DENY), metadata={"regexes": True})  # regexes: a matching command is refused, the model is told why, and the run goes on
+    deny: list[str] = field(default_factory=lambda: list(DENY), metadata={"regexes": True})  # built-in rule names and regexes: a matching command is refused, the model is told why, and the run goes on
     confirm: list[str] = field(default_factory=list, metadata={"regexes": True})  # regexes: a matching command runs only when a person says yes (chat); refused where nobody is asked
     containers: bool = False  # apply deny and confirm in containers too (there the container is the sandbox)
     confine: bool = False  # local: commands may write only in the working directory and /tmp (Linux Landlock)
 
 
+# A quoted word that still names the root or the home folder: "/" and '/' are `/`; "$HOME" expands in double
+# quotes (in single quotes, or as "~", it is a name in the working directory)
+_QUOTED_TARGET = re.compile(r"\"(/|\$HOME/?|\$\{HOME\}/?)\"|'(/)'")
+
+
 def _unquoted(command: str) -> str:
-    """The command with quoted strings and comments taken out: `echo "rm -rf /"` prints, it does not delete."""
-    text = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"", "''", command)
+    """The command with quoted strings and comments taken out (`echo "rm -rf /"` prints, it does not delete),
+    except quoted words that are the root or the home folder (`rm -rf "$HOME"` deletes it)."""
+    text = re.sub(r"'[^']*'|\"(?:\\.|[^\"\\])*\"",
+                  lambda m: next((g for g in _QUOTED_TARGET.fullmatch(m.group()).groups() if g), "")
+                  if _QUOTED_TARGET.fullmatch(m.group()) else "''", command)
     return re.sub(r"(?:^|(?<=\s))#[^\n]*", "", text)
 
 
@@ -46,7 +72,8 @@ class CommandPolicy:
     def __init__(self, config: PolicyConfig, *, environment_kind: str,
                  ask: Callable[[str, str], bool] | None = None):
         self.applies = environment_kind == "local" or config.containers
-        self.deny = [(re.compile(pattern, re.M), DENY.get(pattern, "matches policy.deny")) for pattern in config.deny]
+        self.deny = [(entry, re.compile(DENY[entry][0] if entry in DENY else entry, re.M),
+                      DENY[entry][1] if entry in DENY else "matches policy.deny") for entry in config.deny]
         self.confirm = [re.compile(pattern, re.M) for pattern in config.confirm]
         self.ask = ask
 
@@ -58,13 +85,33 @@ class CommandPolicy:
     def before_command(self, event) -> None:
         if not self.applies or event.veto or getattr(event, "tool", "bash") not in ("bash", "submit"):
             return  # the file tools are confined to the working directory; their rendering is not shell
-        text = _unquoted(event.command)
-        for pattern, why in self.deny:
-            if pattern.search(text):
-                event.veto = (f"refused by the command policy: it {why} (policy.deny: {pattern.pattern}). "
-                              "Do the task another way.")
-                return
+        event.veto = self._denied(event.command)
+        if event.veto:
+            return
         pattern = self.needs_confirmation(event.command)
         if pattern and not (self.ask and self.ask(event.command, pattern)):
             event.veto = (f"refused: the command policy wants a person's yes for this command (policy.confirm: "
                           f"{pattern}), and {'the person said no' if self.ask else 'nobody is here to say it'}.")
+
+    def rewritten(self) -> RewrittenCommands:
+        """The hook that reads a command again after the hooks between (a plugin, a person's edit) rewrote it."""
+        return RewrittenCommands(self)
+
+    def _denied(self, command: str) -> str | None:
+        text = _unquoted(command)
+        for entry, pattern, why in self.deny:
+            if pattern.search(text):
+                return f"refused by the command policy: it {why} (policy.deny: {entry}). Do the task another way."
+        return None
+
+
+class RewrittenCommands:
+    """Last before a command runs: what a hook or a person rewrote is read by policy.deny too, so no rewrite runs
+    a denied command. (A person's own edit is their yes: policy.confirm is not asked again.)"""
+
+    def __init__(self, policy: CommandPolicy):
+        self.policy = policy
+
+    def before_command(self, event) -> None:
+        if self.policy.applies and not event.veto and event.command != event.proposed:
+            event.veto = self.policy._denied(event.command)

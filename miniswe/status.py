@@ -87,7 +87,9 @@ def outcome_of(error: BaseException, stop: Outcome | None = None) -> Outcome:
     elif isinstance(error, errors.SandboxError):
         own = Outcome(ExitStatus.SANDBOX_ERROR, str(error))
     elif isinstance(error, errors.MinisweError):
-        own = Outcome(ExitStatus.ERROR, str(error))
+        cause = error.__cause__  # foreign code that failed under miniswe's message (a hook): its traceback too
+        where = "" if cause is None or isinstance(cause, errors.MinisweError) else "".join(traceback.format_exception(cause))
+        own = Outcome(ExitStatus.ERROR, where + str(error))
     elif isinstance(error, Exception):
         own = Outcome(ExitStatus.ERROR, "".join(traceback.format_exception(error)))
     else:

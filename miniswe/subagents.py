@@ -174,7 +174,8 @@ class Delegation:
         return limits, None
 
     def _child_notice(self, message: str) -> None:
-        self.notify(f"sub-agent: {message}")
+        # a grandchild's start and end already say which sub-agent they are
+        self.notify(message if message.startswith("sub-agent") else f"sub-agent: {message}")
 
     def close(self) -> None:
         if self._server is not None:

@@ -401,6 +401,8 @@ class TrajectoryWriter:
     is saved when a step is complete, and when a reply is in but its command not yet run (a reply is paid
     for). It runs after every other hook, so the record holds what they decided."""
 
+    records = True  # told what happened even after another hook raised (miniswe/hooks.py)
+
     def __init__(self, trajectory: Trajectory, notify: Callable[[str], None] = lambda message: None):
         self.trajectory = trajectory
         self.notify = notify

@@ -120,8 +120,10 @@ def test_a_hook_that_raises_ends_the_run_naming_the_hook(tmp_path):
             raise RuntimeError("observer bug")
 
     result, data = run(tmp_path, [act("true"), SUBMIT], hooks=[Exploding()])
-    assert data["exit_status"] == "Error" and "Traceback" not in data["exit_detail"]
-    assert data["exit_detail"].startswith("hook test_agent.") and "Exploding.after_command raised RuntimeError: observer bug" in data["exit_detail"]
+    assert data["exit_status"] == "Error" and "Traceback" in data["exit_detail"], "the plugin's author sees where"
+    last = data["exit_detail"].rstrip().splitlines()[-1]
+    assert last.startswith("hook test_agent.") and last.endswith("Exploding.after_command raised RuntimeError: observer bug")
+    assert [step["command"] for step in data["steps"]] == ["true"], "the command ran: its step is on record"
 
 
 def test_a_bug_keeps_its_traceback(tmp_path):

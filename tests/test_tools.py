@@ -310,12 +310,12 @@ def test_streamed_tool_calls_are_assembled_into_the_same_reply(server):
     config = load_config(f"model.base_url={server.base_url}", "model.name=m").model
     plain = OpenAIModel(config).complete([{"role": "user", "content": "x"}], tools=[{"type": "function"}])
     streamed = OpenAIModel(load_config(f"model.base_url={server.base_url}", "model.name=m", "model.stream=true").model
-                           ).complete([{"role": "user", "content": "x"}])
+                           ).complete([{"role": "user", "content": "x"}], tools=[{"type": "function"}])
     plain.latency_s = streamed.latency_s = 0
     assert streamed == plain
     assert [c.name for c in streamed.tool_calls] == ["bash", "submit"] and streamed.finish_reason == "tool_calls"
     assert json.loads(streamed.tool_calls[0].arguments) == {"command": "grep -rn 'def parse' src/ | head -20"}
-    assert server.requests[0]["body"]["tools"] == [{"type": "function"}] and "tools" not in server.requests[1]["body"]
+    assert all(request["body"]["tools"] == [{"type": "function"}] for request in server.requests)
 
 
 def test_a_streamed_tools_run_submits(cli, server, tmp_path):
