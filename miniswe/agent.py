@@ -71,6 +71,7 @@ class Agent:
         stop: Stop,
         hooks: Sequence[Any] = (),
         scrub: Callable[[str], str] = lambda text: text,
+        scrub_cut: Callable[[str, str], str] | None = None,
         notify: Callable[[str], None] = lambda message: None,
         ask: Callable[[str, str], bool] | None = None,
         delegation: Any = None,
@@ -83,6 +84,8 @@ class Agent:
         self.renderer = renderer
         self.stop = stop
         self.scrub = scrub
+        # scrub_cut(output, elision notice): also masks the pieces of a secret the capture's cut went through
+        self.scrub_cut = scrub_cut or (lambda text, notice: scrub(text))
         self.notify = notify
         self.messages: list[dict[str, Any]] = []
         self.format_errors = 0
@@ -112,9 +115,12 @@ class Agent:
             TrajectoryWriter(trajectory, notify),
         ])
 
-    def run(self, task: str, instance: dict[str, Any] | None = None) -> Outcome:
-        """Run until submission, a limit, a stop or a hook's end; the trajectory is on disk after every step."""
+    def run(self, task: str, instance: dict[str, Any] | None = None, *, started: float | None = None) -> Outcome:
+        """Run until submission, a limit, a stop or a hook's end; the trajectory is on disk after every step.
+        `started` (time.monotonic): when agent.time_limit began to count, if before now (the run's setup)."""
         self._begin()
+        if started is not None:
+            self.limits.started = started
         first = [{"role": "system", "content": self.renderer.render("system.j2", **self.variables)},
                  {"role": "user", "content": self.renderer.render("instance.j2", task=task, instance=instance or {},
                                                                    **self.variables)}]
@@ -127,6 +133,8 @@ class Agent:
         what it saw, and no call is made again. A command cut short (the run's end, or miniswe's death while it
         ran) is reported to the model as such, not run again behind its back."""
         self._begin()
+        # agent.time_limit bounds the whole run: the time before a kill or an earlier end counts too
+        self.limits.started -= self.trajectory.wall_s_so_far()
         self.load_context([m.wire() for m in self.trajectory.messages])
         self.trajectory.save()
         return self._loop()
@@ -274,7 +282,9 @@ class Agent:
         result, children = self._execute(number_, action, timeout)
         for link in children:  # a sub-agent's usage is the run's: counted before the hooks look at the budget
             self.trajectory.add_usage(Usage.from_dict(link.get("usage")))
-        output = self.scrub(result.output)  # a command that found a secret (a .env file) must not record it
+        # a command that found a secret (a .env file) must not record it, nor a piece of it where the capture cut
+        notice = elision_notice(result.elided_chars) if result.elided_chars else ""
+        output = self.scrub_cut(result.output, notice) if notice else self.scrub(result.output)
         step = Step(number_, command=ask.command, returncode=result.returncode, timed_out=result.timed_out,
                     output=output, output_chars=result.output_chars, elided_chars=result.elided_chars,
                     duration_s=round(result.duration_s, 4), aborted=self._aborted(result), proposed=proposed,
@@ -368,6 +378,19 @@ class Agent:
         return self._after(step, lambda: guidance)
 
     def _observation(self, step: Step, timeout: float) -> str:
+        return self._edited(step) + self._result(step, timeout)
+
+    @staticmethod
+    def _edited(step: Step) -> str:
+        """What the model must know when its command was changed before it ran (the person edited it at the
+        approval prompt, or a hook rewrote it): otherwise it believes its own command ran."""
+        if step.proposed is None or step.proposed == step.command:
+            return ""
+        what = "the edited command below was refused" if step.refused else "this ran instead of yours"
+        return (f"<warning>Your command was edited before it ran (by the person, or a hook); {what}:\n"
+                f"{step.command}</warning>\n")
+
+    def _result(self, step: Step, timeout: float) -> str:
         if step.refused:
             return f"<returncode>refused</returncode>\n<warning>The command did not run: {step.refused}</warning>"
         view, not_shown = bounded_view(step.output, self.config.agent.output_limit, step.elided_chars)

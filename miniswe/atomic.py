@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import tempfile
 
@@ -19,8 +20,16 @@ except (OSError, AttributeError):  # not Linux, or a C library without renameat2
     _renameat2 = None
 
 
+def check_replaceable(path: str) -> None:
+    """Only a regular file is ever replaced: renaming over a FIFO, a socket or a device node (`-o /dev/full`
+    as root) would take its name away."""
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise OSError(errno.EEXIST, f"{path} exists and is not a regular file; miniswe will not replace it")
+
+
 def write_atomic(path: str, data: str | bytes, *, fsync: bool = False) -> None:
-    """Write a temporary file beside `path`, then rename it over `path`."""
+    """Write a temporary file beside `path`, then rename it over `path` (a regular file, or none yet)."""
+    check_replaceable(path)
     tmp = _temporary_copy(path, data, fsync=fsync)
     try:
         os.replace(tmp, path)
@@ -45,6 +54,7 @@ class SwapFile:
         self._exchange = _renameat2 is not None
 
     def write(self, data: str | bytes) -> None:
+        check_replaceable(self.path)
         if not (self._exchange and os.path.exists(self.path)):
             write_atomic(self.path, data)  # the first version: nothing to exchange with yet
             return
@@ -52,10 +62,10 @@ class SwapFile:
         if _renameat2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(self.path), _RENAME_EXCHANGE) == 0:
             _unlink(tmp)  # now the previous version
             return
-        errno = ctypes.get_errno()
-        if errno not in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: this file system cannot exchange names
+        code = ctypes.get_errno()
+        if code not in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: this file system cannot exchange names
             _unlink(tmp)
-            raise OSError(errno, f"cannot save {self.path}: {os.strerror(errno)}")
+            raise OSError(code, f"cannot save {self.path}: {os.strerror(code)}")
         self._exchange = False
         try:
             os.replace(tmp, self.path)

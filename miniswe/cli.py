@@ -263,9 +263,10 @@ def replay(
 ) -> None:
     """Run a recorded run's commands again, without the model, and say where the outputs diverge.
 
-    Exit codes: 0 every command gave its recorded output, 1 a divergence, 2 bad input, 3 the environment failed.
+    Exit codes: 0 every command gave its recorded output (a step the recording cut short runs again, its output
+    not compared), 1 a divergence or a replay that could not check every step, 2 bad input, 3 the environment failed.
     """
-    from miniswe.errors import MinisweError
+    from miniswe.errors import MinisweError, UsageError
 
     try:
         from miniswe.output import add_secrets
@@ -282,13 +283,20 @@ def replay(
             cfg = override(cfg, replay={"masks": [*cfg.replay.masks, *mask]})
         add_secrets(run_secrets(cfg))
         if cfg.environment.kind == "local":
-            where = os.path.abspath(cfg.environment.cwd or recording.environment.get("cwd") or os.getcwd())
+            recorded = cfg.environment.cwd or recording.environment.get("cwd")
+            if not recorded:
+                raise UsageError(f"{trajectory}: the recording names no working directory, and its commands would run "
+                                 "here; pass --cwd DIR (a fresh copy of the repository, say) or -c environment.cwd=DIR")
+            where = os.path.abspath(recorded)
             cfg = override_cwd(cfg, where)
-            print(f"miniswe: replaying in {where}: whatever the original run left there is there still "
-                  "(--cwd DIR replays in another directory, a fresh checkout say)", file=sys.stderr)
+            print(f"miniswe: replaying in {where}: {_what_is_there(where, given=bool(cwd))}", file=sys.stderr)
         stop = Stop()
+        skipped: list[str] = []  # steps ran again without their output compared
+        ended: list[str] = []  # where the replay ended before the recording did
 
         def progress(checked) -> None:
+            if not checked.compared:
+                (ended if checked.ends else skipped).append(checked.where)
             if not quiet:
                 print(f"miniswe: {visible(_checked_line(checked))}", file=sys.stderr, flush=True)
 
@@ -303,7 +311,26 @@ def replay(
     if divergence:
         print(visible(f"diverged at {divergence}" + (f"\n{divergence.diff}" if divergence.diff else "")), flush=True)
         raise typer.Exit(1)
-    print(f"matched: {count} command(s) gave their recorded output", flush=True)
+    if ended:
+        print(f"incomplete: {count} command(s) gave their recorded output, but the replay stopped at {ended[0]} "
+              "(it ran a sub-agent, whose model calls are not made again); the steps after it were not checked", flush=True)
+        raise typer.Exit(1)
+    unchecked = f"; {', '.join(skipped)} cut short in the recording: ran again, output not compared" if skipped else ""
+    print(f"matched: {count} command(s) gave their recorded output{unchecked}", flush=True)
+
+
+def _what_is_there(where: str, *, given: bool) -> str:
+    """The replay directory's notice: what a replay there starts from."""
+    try:
+        entries = [name for name in os.listdir(where) if name != ".git"]
+    except OSError:
+        return "it does not exist yet"
+    if not entries:
+        return "empty" + ("; the setup and the commands build everything again" if given else "")
+    if given:
+        return f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} there already: the replay starts from them"
+    return ("the recorded directory, with whatever the original run left there (--cwd DIR replays in another "
+            "directory, a fresh checkout say)")
 
 
 def override_cwd(cfg, cwd: str):

@@ -145,7 +145,7 @@ class Compactor:
             self.checkpoint = dataclasses.replace(self.checkpoint, elided_through=index)
             if self.estimate(self.project(messages)) <= goal:
                 break
-        if self.estimate(self.project(messages)) > goal and protected > 2:
+        if protected > 2 and self._summary_pays(messages, protected, goal):
             entry = self._summarise(messages, protected, deadline)
         after = self.estimate(self.project(messages))
         if self.checkpoint == old:
@@ -161,6 +161,17 @@ class Compactor:
         what = "summarised the middle of the conversation" if entry else "elided older observations"
         self.notify(f"context compacted ({why}): {what}; about {before} → {after} tokens of a {self.window}-token window")
         return True
+
+    def _summary_pays(self, messages: Sequence[dict[str, Any]], protected: int, goal: int) -> bool:
+        """Whether to ask for a summary once eliding is done: when the projection is still over the goal and the
+        middle it would replace weighs enough (a quarter of the goal), or nothing less would fit. When the newest
+        turns alone are near the goal, a summary of a thin middle would be asked for at every compaction: a
+        model call each time, and a changed prefix for the cache."""
+        now = self.estimate(self.project(messages))
+        if now <= goal:
+            return False
+        middle = now - self.estimate([messages[0], messages[1], *messages[protected:]])
+        return middle >= goal // 4 or now > self.trigger()
 
     def _summarise(self, messages: Sequence[dict[str, Any]], protected: int, deadline: float | None) -> dict[str, Any]:
         """A frozen summary of messages[2:protected], made by the model from what it sees of them now."""

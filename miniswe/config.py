@@ -61,6 +61,11 @@ class ProtocolConfig:
 REPLAY_MASKS = [
     r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?",
     r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d \d{2}:\d{2}:\d{2}(?: [A-Z]{2,5})? \d{4}",
+    # `ls -l`'s modification time: month, day, then the time (this year) or the year (older)
+    r"\b(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) [ \d]\d (?:[ \d]\d:\d{2}| \d{4})\b",
+    # Unix time in seconds (`date +%s`) or milliseconds, 2011 to 2036 (1.3e9 to 2.1e9 s): a 10- or 13-digit number
+    # starting 13..20, not a shorter or longer one
+    r"(?<![\d.])(?:1[3-9]|20)\d{8}(?:\d{3})?(?:\.\d+)?(?![\d.])",
     r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b",
     r"\b\d+(?:\.\d+)? ?(?:ms|s|sec|secs|seconds)\b",
     r"/tmp/[\w.-]+",

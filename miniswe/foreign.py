@@ -32,6 +32,7 @@ NOT_RECORDED = {
     "timing": "when the run started and ended",
     "tokens": "token counts (only the cost and the number of model calls)",
     "step_usage": "each call's tokens and cost",
+    "cost": "the run's cost",
     "whole_output": "outputs beyond what the model was shown (observations over 10,000 characters kept head and tail only)",
     "output_order": "the order of stdout and stderr lines (kept apart: stdout is shown first)",
     "submission_output": "the submitting command's own output and return code (only the submission)",
@@ -264,7 +265,10 @@ class _Converter:
         return usage
 
     def note_usage(self) -> None:
-        """Tokens or costs no call recorded are not recorded; those only some calls recorded are noted."""
+        """Tokens or costs no call recorded are not recorded; those only some calls recorded are noted. With no
+        call's cost and no total either, the run's cost is not recorded (0.0 would say it was free)."""
+        if not self.usage_seen["cost"] and figure(_mapping(self.info, "model_stats").get("instance_cost")) is None:
+            self.missing.add("cost")
         for key, missing in (("tokens", "tokens"), ("cost", "step_usage")):
             seen, calls = self.usage_seen[key], self.usage_seen["calls"]
             if not seen and calls:

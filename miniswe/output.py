@@ -86,3 +86,37 @@ def add_secrets(secrets: Secrets) -> None:
     for where in fresh:
         print(f"miniswe: warning: the secret value of {where} is shorter than 8 characters: it is masked in "
               "recorded configs and command lines, but cannot be masked safely in command output", file=sys.stderr)
+
+
+class PieceMasker:
+    """Masking for text that arrives in pieces (a streamed reply): a secret split across pieces is masked too.
+    `feed` gives back what may be shown now, masked, holding back only a tail that may be the start of a secret
+    (so ordinary text is not delayed); `flush`, at the end of the stream, gives back that tail."""
+
+    def __init__(self, secrets: Secrets | None = None):
+        self.secrets = SECRETS if secrets is None else secrets
+        self.held = ""
+
+    def feed(self, text: str) -> str:
+        text = self.held + text
+        if not self.secrets:
+            self.held = ""
+            return text
+        text = self.secrets.scrub(text)
+        keep = _secret_start(text, self.secrets.values)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def flush(self) -> str:
+        text, self.held = self.held, ""
+        return self.secrets.scrub(text) if self.secrets else text
+
+
+def _secret_start(text: str, secrets: list[str]) -> int:
+    """The length of the longest end of `text` that some secret begins with (but is not all of)."""
+    longest = max((len(secret) for secret in secrets), default=0)
+    for size in range(min(len(text), longest - 1), 0, -1):
+        tail = text[-size:]
+        if any(len(secret) > size and secret.startswith(tail) for secret in secrets):
+            return size
+    return 0

@@ -17,9 +17,14 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 # Parts of a name (split at non-letters and camelCase) that make its value a secret: GITHUB_TOKEN, apiKey,
-# DB_PASSWORD; not max_tokens or token_limit (their values are counts).
-SECRET_PARTS = {"key", "apikey", "token", "secret", "password", "passwd", "pass", "pwd", "credential",
-                "credentials", "auth", "authorization", "cookie", "session"}
+# DB_PASSWORD, GH_PAT; also run together (PGPASSWORD, GITHUBTOKEN, OPENAIKEY). Not max_tokens, TOKENIZERS_...,
+# PATH, KEYBOARD, MONKEY or GIT_AUTHOR_NAME. A name ending in _ENV (GITLAB_TOKEN_ENV) is masked too: its value
+# may be the variable's name, or the secret itself, and masking a name costs nothing.
+SECRET_PARTS = {"key", "keys", "apikey", "token", "pat", "pass", "pwd", "auth", "cookie", "session"}
+SECRET_INSIDE = ("secret", "password", "passwd", "passphrase", "credential")
+# words ending in "key" or "auth" that are no secrets
+NOT_KEYS = {"monkey", "donkey", "turkey", "hockey", "jockey", "whiskey", "hotkey"}
+NOT_SECRET_NAMES = {"pwd", "oldpwd"}  # the shell's working directories
 MASK = "***"
 # Shorter values cannot be masked in free text: a key of "x" would blank every x of every output. They are
 # still masked wherever miniswe knows where they stand (configs, command lines); `Secrets.short` names them.
@@ -27,9 +32,21 @@ MIN_SECRET_LEN = 8
 
 
 def secret_name(name: str) -> bool:
-    """A name whose value is a secret. `api_key_env` and the like name a variable, so they are not."""
+    """A name whose value is a secret (see SECRET_PARTS)."""
+    if name.lower() in NOT_SECRET_NAMES:
+        return False
     parts = [part.lower() for part in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", name)]
-    return bool(parts) and parts[-1] != "env" and bool(SECRET_PARTS.intersection(parts))
+    return any(_secret_part(part) for part in parts)
+
+
+def _secret_part(part: str) -> bool:
+    if part in SECRET_PARTS or any(word in part for word in SECRET_INSIDE):
+        return True
+    if part.endswith("token") or part.endswith("auth"):  # githubtoken, authtoken, oauth; not tokens, tokenizers
+        return True
+    if part.startswith("auth") and not part.startswith("author") or part.startswith("authoriz"):
+        return True  # authentication, authorization; not author
+    return part.endswith("key") and part not in NOT_KEYS  # openaikey, privatekey; not keyboard, monkey
 
 
 class Secrets:
@@ -68,6 +85,29 @@ class Secrets:
         for secret in self.values:
             if secret in text:
                 text = text.replace(secret, MASK)
+        return text
+
+    def scrub_cut(self, text: str, notice: str) -> str:
+        """`text` masked, where `notice` marks a cut (the capture kept a head and a tail): a secret the cut went
+        through leaves a piece at the end of the head and at the start of the tail; both pieces are masked too,
+        however short (a coincidence there costs a few characters next to the cut)."""
+        head, found, tail = text.partition(notice) if notice else (text, "", "")
+        if not found:
+            return self.scrub(text)
+        return self.scrub_edges(head, end=True) + notice + self.scrub_edges(tail, start=True)
+
+    def scrub_edges(self, text: str, *, start: bool = False, end: bool = False) -> str:
+        """`text` masked, and a piece of a secret it starts with (`start`: what comes after a cut) or ends with
+        (`end`: what comes before one) masked too."""
+        text = self.scrub(text)
+        if start:
+            piece = max((k for secret in self.values for k in range(len(secret) - 1, 0, -1)
+                         if text.startswith(secret[-k:])), default=0)
+            text = MASK + text[piece:] if piece else text
+        if end:
+            piece = max((k for secret in self.values for k in range(len(secret) - 1, 0, -1)
+                         if text.endswith(secret[:k])), default=0)
+            text = text[: len(text) - piece] + MASK if piece else text
         return text
 
     def __bool__(self) -> bool:
@@ -163,14 +203,17 @@ def _mask_assignment(assignment: str) -> str:
 
 def mask_command_line(argv: list[str]) -> list[str]:
     """A miniswe command line as recorded: every `-c KEY=VALUE` whose key, or a key inside whose YAML value,
-    looks secret is masked, however it is written (`-c environment.env.API_KEY="a b"`,
-    `-c 'environment.env={GITHUB_TOKEN: x}'`, `-c environment.run_args=[-e, TOKEN=x]`)."""
+    looks secret is masked, however it is written (`-c environment.env.API_KEY="a b"`, `-cenvironment.env.X=y`,
+    `--config=...`, `-c 'environment.env={GITHUB_TOKEN: x}'`, `-c 'environment={env: {PASSWORD: x}}'`,
+    `-c environment.run_args=[-e, TOKEN=x]`), whatever the value's length."""
     masked, after_config = [], False
     for arg in argv:
         if after_config:
             masked.append(_mask_config_arg(arg))
         elif arg.startswith("--config="):
             masked.append("--config=" + _mask_config_arg(arg[len("--config="):]))
+        elif arg.startswith("-c") and len(arg) > 2 and not arg.startswith("--"):
+            masked.append("-c" + _mask_config_arg(arg[2:]))
         else:
             masked.append(arg)
         after_config = arg in ("-c", "--config")
@@ -189,8 +232,10 @@ def _mask_config_arg(arg: str) -> str:
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
-        return arg
-    if isinstance(value, dict) and len(path) >= 2:
+        return f"{key}={MASK}" if any(secret_name(part) for part in path[1:]) else arg
+    if isinstance(value, dict) and len(path) == 1:  # a whole section: section={env: {...}, run_args: [...]}
+        masked = masked_config({path[0]: value})[path[0]]
+    elif isinstance(value, dict):
         masked = _masked_mapping(value)
     elif isinstance(value, list) and path[-1] == "run_args":
         masked = mask_run_args([str(item) for item in value])
@@ -203,17 +248,56 @@ def _mask_config_arg(arg: str) -> str:
 
 def restore_secrets(recorded: dict[str, Any]) -> dict[str, Any]:
     """A recorded config with each masked value taken again from this process's environment, by the same
-    variable name (`environment.env.API_TOKEN` from $API_TOKEN); a variable that is not set stays masked,
-    which the run then sees as the literal mask."""
+    variable name (`environment.env.API_TOKEN` from $API_TOKEN, `model.params.api_key` from $api_key or
+    $API_KEY), in every mapping setting; a variable that is not set stays masked (`masked_left` names those
+    a model would be sent: a run refuses to start with them, see runner.check_ready)."""
     data = json.loads(json.dumps(recorded))
+    for section, values in data.items():
+        for name, value in (values or {}).items() if isinstance(values, dict) else ():
+            if isinstance(value, dict):
+                values[name] = _restored_mapping(value)
     environment = data.get("environment") or {}
-    env = environment.get("env")
-    if isinstance(env, dict):
-        environment["env"] = {k: os.environ.get(k, v) if v == MASK else v for k, v in env.items()}
-    args = environment.get("run_args")
+    args = environment.get("run_args") if isinstance(environment, dict) else None
     if isinstance(args, list):
         environment["run_args"] = [_restore_assignment(arg) for arg in args]
     return data
+
+
+def _restored_mapping(data: dict[str, Any]) -> dict[str, Any]:
+    restored = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = _restored_mapping(value)
+        elif value == MASK:
+            value = next((os.environ[name] for name in _variables(str(key)) if name in os.environ), value)
+        restored[key] = value
+    return restored
+
+
+def _variables(key: str) -> list[str]:
+    """The environment variables a masked `key` is taken back from, in order."""
+    return list(dict.fromkeys((key, key.upper())))
+
+
+def masked_left(config: dict[str, Any], sections: Iterable[str] = ("model",)) -> tuple[str, str] | None:
+    """(dotted key, variable) of the first value of `sections` still masked: a restored config whose variable
+    was not set. A model would be sent the mask itself."""
+
+    def walk(data: dict[str, Any], prefix: str) -> tuple[str, str] | None:
+        for key, value in data.items():
+            found = walk(value, f"{prefix}{key}.") if isinstance(value, dict) else (
+                (f"{prefix}{key}", _variables(str(key))[-1]) if value == MASK else None)
+            if found:
+                return found
+        return None
+
+    for section in sections:
+        values = config.get(section)
+        if isinstance(values, dict):
+            found = walk(values, f"{section}.")
+            if found:
+                return found
+    return None
 
 
 def _restore_assignment(arg: str) -> str:

@@ -18,6 +18,9 @@ from miniswe.trajectory import Step, Trajectory, new_run_id
 
 DIFF_LINES = 20
 MASK = "<varies>"
+# A step the recording cut short runs again for as long as it ran then; this long when that is unknown (a
+# command miniswe was killed during records no duration).
+CUT_SHORT_UNKNOWN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class Checked:
     command: str
     divergence: Divergence | None
     note: str = ""  # e.g. the recording kept only head and tail of the output
+    compared: bool = True  # False: ran (or not) without its output compared (a step the recording cut short)
+    ends: bool = False  # the replay ends here, before the recording does (a step that ran a sub-agent)
 
 
 def rerun(
@@ -75,16 +80,25 @@ def rerun(
             break
         if step.command is None or step.refused:
             continue  # a format error, or a command refused before it ran: nothing ran
-        if step.aborted:
-            on_check(Checked(f"step {step.step}", step.command, None, f"cut short in the recording ({step.aborted}): "
-                                                                     "the replay stops here"))
-            break
         if step.children:
             on_check(Checked(f"step {step.step}", step.command, None, "ran a sub-agent, whose model calls are not made "
-                                                                     "again: the replay stops here"))
+                                                                     "again: the replay stops here", compared=False,
+                             ends=True))
             break
         command = _command_of(step, env, read_limit)
         if command is None:
+            continue
+        if step.aborted:
+            bound = step.duration_s if step.duration_s > 0 else CUT_SHORT_UNKNOWN_S
+            bound = min(bound, timeout) if timeout else bound
+            result = _execute(env, command, bound, stop)
+            if result.interrupted:
+                divergence = Divergence(f"step {step.step}", "stopped before it finished")
+                on_check(Checked(f"step {step.step}", step.command, divergence))
+                return checked, divergence
+            on_check(Checked(f"step {step.step}", step.command, None,
+                             f"cut short in the recording ({step.aborted}): ran again for at most {bound:g}s, "
+                             "its output not compared", compared=False))
             continue
         result = _execute(env, command, timeout, stop)
         divergence, note = compare(step, result, patterns, scrub)

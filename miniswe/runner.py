@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,15 +18,16 @@ from miniswe.agent import Agent
 from miniswe.hooks import load_hooks
 from miniswe.config import Config
 from miniswe.environments import Environment, build_environment, check_environment
+from miniswe.environments.capture import elision_notice
 from miniswe.limits import NO_TIMEOUT
-from miniswe.errors import ConfigError
+from miniswe.errors import ConfigError, UsageError
 from miniswe.models import Model, calls_tools, model_class
 from miniswe.models.gate import CallGate
-from miniswe.redaction import Secrets, masked_config, run_secrets
+from miniswe.redaction import MASK, Secrets, masked_config, masked_left, run_secrets
 from miniswe.replay import Checked, Divergence, rerun
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
-from miniswe.templates import Renderer, prompt_variables
+from miniswe.templates import Renderer, number, prompt_variables
 from miniswe.tools.files import read_limit
 from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory, new_run_id
 from miniswe.usage import Usage
@@ -53,6 +55,7 @@ def check_ready(config: Config, task: str = "", instance: dict[str, Any] | None 
     load_hooks(config.agent.hooks)  # a hook that cannot be loaded is bad input, found before anything runs
     check_environment(config.environment)
     check_protocol(config)
+    check_unmasked(config)
     build_model(config)  # the model refuses bad settings when built (no endpoint, no name, an unreadable script)
     report_skills(config, notify)
     return renderer
@@ -63,6 +66,16 @@ def check_protocol(config: Config) -> None:
     if config.protocol.kind == "tools" and not calls_tools(model_class(config.model.kind)):
         raise ConfigError(f"protocol.kind: tools: model kind {config.model.kind!r} cannot call tools (its complete() "
                           "takes no `tools`); use protocol.kind: text")
+
+
+def check_unmasked(config: Config) -> None:
+    """A model setting still masked (a resumed or forked run whose secret's variable is not set) would send the
+    mask itself to the endpoint: refused, naming the variable to set."""
+    found = masked_left(config.to_dict())
+    if found:
+        key, variable = found
+        raise ConfigError(f"{key}: the recording masked this secret ({MASK}) and ${variable} is not set; set "
+                          f"{variable} to its value (or pass -c {key}=...) and run again")
 
 
 def report_skills(config: Config, notify: Callable[[str], None] | None = None) -> None:
@@ -94,12 +107,15 @@ def run_task(
     metadata: dict[str, Any] | None = None,
     setup: Sequence[str] = (),
     evaluate: Sequence[str] = (),
+    known_secrets: Secrets | None = None,
     **services: Any,
 ) -> RunResult:
-    """Run one task; whatever happens, the trajectory on disk ends with an exit status. `services`: renderer,
-    model, gate, stop, hooks, notify (see `_drive`)."""
+    """Run one task; whatever happens, the trajectory on disk ends with an exit status. `known_secrets`: more
+    secrets to mask than the run's own (a batch's: every task's). `services`: renderer, model, gate, stop,
+    hooks, notify (see `_drive`)."""
+    check_output_path(trajectory_path)
     run_id = run_id or new_run_id()
-    secrets = run_secrets(config)
+    secrets = _secrets(config, known_secrets)
     trajectory = Trajectory(
         trajectory_path, task=task, config=masked_config(config.to_dict()), environment={"kind": config.environment.kind},
         metadata={"run_id": run_id, **(metadata or {})}, redact=secrets.scrub,
@@ -107,9 +123,29 @@ def run_task(
     trajectory.save()
 
     def start(env: Environment, agent: Agent, stop: Stop) -> Outcome:
-        return _run_commands(env, setup, config, trajectory, stop, "setup") or agent.run(task, instance)
+        # one agent.time_limit for setup, the agent and evaluation: the agent's clock starts before setup
+        started = time.monotonic()
+        deadline = started + config.agent.time_limit if config.agent.time_limit else None
+        return (_run_commands(env, setup, config, trajectory, stop, "setup", scrub=secrets.scrub_cut, deadline=deadline)
+                or agent.run(task, instance, started=started))
 
     return _drive(config, trajectory, start, run_id=run_id, evaluate=evaluate, secrets=secrets, **services)
+
+
+def _secrets(config: Config, known: Secrets | None) -> Secrets:
+    """The run's own secrets, and those `known` besides."""
+    secrets = run_secrets(config)
+    if known:
+        secrets.update(known)
+    return secrets
+
+
+def check_output_path(path: str) -> None:
+    """A trajectory path must be a regular file, or not be there yet: saving renames a new file over it, which
+    would replace a FIFO, a socket or a device node."""
+    if os.path.lexists(path) and not os.path.isfile(path):
+        what = "a directory" if os.path.isdir(path) else "not a regular file"
+        raise UsageError(f"-o {path}: exists and is {what}; a trajectory goes to a regular file or a new path")
 
 
 def continue_run(
@@ -121,13 +157,14 @@ def continue_run(
     record: dict[str, Any] | None = None,
     evaluate: Sequence[str] = (),
     on_check: Callable[[Checked], None] = lambda checked: None,
+    known_secrets: Secrets | None = None,
     **services: Any,
 ) -> RunResult:
     """Go on with a recorded run, in its own file (a resume) or in a fork's: from its last finished step, with
     no model call made again. With `rebuild`, the recorded setup and commands run first in the fresh
     environment, their outputs checked as `miniswe replay` checks them; a divergence stops here (the
     trajectory keeps its previous end, `RunResult.diverged` says where) unless `force`."""
-    secrets = run_secrets(config)
+    secrets = _secrets(config, known_secrets)
     trajectory.set_redaction(secrets.scrub)
     previous = trajectory.outcome
     trajectory.reopen(**(record or {}))
@@ -173,7 +210,7 @@ def _drive(
     try:
         notify = services.get("notify", lambda m: None)
         delegation = open_delegation(config, depth=depth, stop=stop, borrowed=environment is not None,
-                                     renderer=services.get("renderer"), notify=notify)
+                                     renderer=services.get("renderer"), notify=notify, secrets=secrets)
         env = environment or open_environment(config, trajectory, run_id=run_id, stop=stop, notify=notify,
                                               delegation=delegation, depth=depth)
         agent = make_agent(config, trajectory, env, secrets=secrets, stop=stop, delegation=delegation, depth=depth,
@@ -183,10 +220,13 @@ def _drive(
             resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
             trajectory.set_resolved(resolved)
         elif evaluate and outcome.status is ExitStatus.SUBMITTED:
-            failed = _run_commands(env, evaluate, config, trajectory, stop, "evaluation")
+            failed = _run_commands(env, evaluate, config, trajectory, stop, "evaluation", scrub=secrets.scrub_cut,
+                                   deadline=agent.limits.deadline)
             if failed is None or failed.status is ExitStatus.SETUP_ERROR:
                 resolved = failed is None
                 trajectory.set_resolved(resolved)
+            elif failed.status is ExitStatus.TIME_EXCEEDED:  # the time limit cut evaluation: no verdict
+                outcome = Outcome(failed.status, failed.detail, outcome.submission)
             else:  # stopped mid-evaluation: no verdict, so the run counts as interrupted
                 outcome = failed
     except Diverged as error:  # the run keeps the end it had; one that had none stays without a verdict
@@ -205,7 +245,8 @@ def _drive(
 
 
 def open_delegation(config: Config, *, depth: int, stop: Stop, borrowed: bool = False, renderer: Renderer | None = None,
-                    notify: Callable[[str], None] = lambda message: None, folder: str | None = None) -> Any:
+                    notify: Callable[[str], None] = lambda message: None, folder: str | None = None,
+                    secrets: Secrets | None = None) -> Any:
     """The run's sub-agents (subagents.Delegation), when it may start them: it is shallower than agent.max_depth,
     and it can reach them: through the `subagent` tool, or (text protocol) a socket its local commands reach.
     `folder`: where their trajectories go, if not beside the run's."""
@@ -216,7 +257,8 @@ def open_delegation(config: Config, *, depth: int, stop: Stop, borrowed: bool = 
         return None
     from miniswe.subagents import Delegation
 
-    return Delegation(config, depth=depth, stop=stop, serve=not tools, renderer=renderer, notify=notify, folder=folder)
+    return Delegation(config, depth=depth, stop=stop, serve=not tools, renderer=renderer, notify=notify, folder=folder,
+                      secrets=secrets)
 
 
 def open_environment(config: Config, trajectory: Trajectory, *, run_id: str, stop: Stop,
@@ -282,25 +324,44 @@ def make_agent(
     model = model or build_model(config, gate=gate, stop=stop, on_retry=on_retry,
                                  calls_made=trajectory.usage.model_calls, on_delta=on_delta)
     return Agent(config, model, env, trajectory, renderer=renderer or Renderer(config.agent.templates_dir),
-                 stop=stop, hooks=hooks, scrub=secrets.scrub, notify=notify, ask=ask, delegation=delegation, depth=depth)
+                 stop=stop, hooks=hooks, scrub=secrets.scrub, scrub_cut=secrets.scrub_cut, notify=notify, ask=ask,
+                 delegation=delegation, depth=depth)
 
 
 def _run_commands(env: Environment, commands: Sequence[str], config: Config, trajectory: Trajectory, stop: Stop,
-                  phase: str) -> Outcome | None:
-    """Run setup or evaluation commands in order; the first failure is returned as a SetupError outcome."""
+                  phase: str, *, scrub: Callable[[str, str], str] = lambda text, notice: text,
+                  deadline: float | None = None) -> Outcome | None:
+    """Run setup or evaluation commands in order; the first failure is returned as a SetupError outcome. Each
+    command's timeout is environment.timeout or what is left until `deadline` (agent.time_limit's), if sooner:
+    a command the deadline cuts, or one not started since the time is up, ends the run as TimeExceeded.
+    `scrub(output, elision notice)` masks secrets in an output before its tail is kept (a cut leaves no piece)."""
     for command in commands:
         if stop.outcome:
             return stop.outcome
+        timeout = config.environment.timeout or NO_TIMEOUT
+        left = deadline - time.monotonic() if deadline is not None else NO_TIMEOUT
+        if left <= 0:
+            return _out_of_time(config, phase, command, ran=False)
+        cut_by_deadline = left < timeout
         with stop.cancelling(env.interrupt):
-            result = env.execute(command, timeout=config.environment.timeout or NO_TIMEOUT)
-        tail = result.output[-COMMAND_TAIL:]
+            result = env.execute(command, timeout=min(timeout, left))
+        notice = elision_notice(result.elided_chars) if result.elided_chars else ""
+        tail = scrub(result.output, notice)[-COMMAND_TAIL:]
         trajectory.record_command(phase, CommandRecord(command, result.returncode, result.timed_out, tail,
                                                        round(result.duration_s, 4)))
         trajectory.save()
         if result.interrupted:
             return stop.outcome
+        if result.timed_out and cut_by_deadline:
+            return _out_of_time(config, phase, command, ran=True)
         if result.returncode != 0:
             why = "timed out" if result.timed_out else f"exited {result.returncode}"
             last = tail.strip().splitlines()[-1:] or [""]
             return Outcome(ExitStatus.SETUP_ERROR, f"{phase} command {command!r} {why}: {last[0][:200]}")
     return None
+
+
+def _out_of_time(config: Config, phase: str, command: str, *, ran: bool) -> Outcome:
+    how = "killed" if ran else "not run"
+    return Outcome(ExitStatus.TIME_EXCEEDED, f"time_limit of {number(config.agent.time_limit)}s reached during "
+                                             f"{phase} ({phase} command {command!r} {how})")

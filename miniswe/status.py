@@ -22,6 +22,7 @@ class ExitStatus(str, Enum):
     INTERRUPTED = "Interrupted"
     MODEL_ERROR = "ModelError"
     SANDBOX_ERROR = "SandboxError"
+    SANDBOX_DESTROYED = "SandboxDestroyed"  # the agent's own command broke its container
     SETUP_ERROR = "SetupError"
     ERROR = "Error"
 
@@ -32,7 +33,7 @@ class ExitStatus(str, Enum):
 # The agent decided how the run ended: a rerun would not be expected to go differently.
 AGENT_OUTCOMES = frozenset(
     {ExitStatus.SUBMITTED, ExitStatus.LIMITS_EXCEEDED, ExitStatus.TIME_EXCEEDED, ExitStatus.REPEATED_FORMAT_ERROR,
-     ExitStatus.REPEATED_ACTION}
+     ExitStatus.REPEATED_ACTION, ExitStatus.SANDBOX_DESTROYED}
 )
 INFRA_FAILURES = frozenset(
     {ExitStatus.MODEL_ERROR, ExitStatus.SANDBOX_ERROR, ExitStatus.SETUP_ERROR, ExitStatus.ERROR}
@@ -85,7 +86,9 @@ def outcome_of(error: BaseException, stop: Outcome | None = None) -> Outcome:
     if isinstance(error, errors.ModelError):
         own = Outcome(ExitStatus.MODEL_ERROR, str(error))
     elif isinstance(error, errors.SandboxError):
-        own = Outcome(ExitStatus.SANDBOX_ERROR, str(error))
+        # a sandbox the agent's own command broke would be broken again by a rerun: the agent's outcome
+        wrecked = getattr(error, "by_agent_command", None)
+        own = Outcome(ExitStatus.SANDBOX_DESTROYED if wrecked else ExitStatus.SANDBOX_ERROR, str(error))
     elif isinstance(error, errors.MinisweError):
         cause = error.__cause__  # foreign code that failed under miniswe's message (a hook): its traceback too
         where = "" if cause is None or isinstance(cause, errors.MinisweError) else "".join(traceback.format_exception(cause))

@@ -53,8 +53,9 @@ class Delegation:
     environment) the socket its commands ask through."""
 
     def __init__(self, config: Any, *, depth: int, stop: Stop, serve: bool, renderer: Any = None,
-                 notify: Any = lambda message: None, folder: str | None = None):
+                 notify: Any = lambda message: None, folder: str | None = None, secrets: Any = None):
         self.config = config
+        self.secrets = secrets  # what the parent masks (a batch's every secret): its children mask it too
         self.folder = folder  # where children's trajectories go, when not beside the parent's (a chat session's)
         self.depth = depth
         self.stop = stop
@@ -136,7 +137,8 @@ class Delegation:
                 else:
                     trajectory = run_task(config, task, path, run_id=run_id, metadata=metadata, stop=stop,
                                           renderer=self.renderer, environment=env, depth=self.depth + 1,
-                                          spawn_from=agent.model, notify=self._child_notice).trajectory
+                                          spawn_from=agent.model, notify=self._child_notice,
+                                          known_secrets=self.secrets).trajectory
             finally:
                 if own_stop:
                     self.stop.unlink(stop)

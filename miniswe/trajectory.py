@@ -177,7 +177,7 @@ class Trajectory:
         self.outcome: Outcome | None = None
         self.started = now_iso()
         self.ended: str | None = None
-        self.wall_s: float | None = None
+        self.wall_s: float | None = None  # the whole run's wall time once ended; while not, as of the last save
         self.setup: list[CommandRecord] = []
         self.evaluation: list[CommandRecord] = []
         self.resolved: bool | None = None
@@ -192,7 +192,7 @@ class Trajectory:
         self._messages_json: list[bytes] = []
         self._steps_json: list[bytes] = []
         self._clock = time.monotonic()
-        self._wall_before = 0.0  # wall time of the sessions before this one (a resumed run)
+        self._wall_before = 0.0  # wall time of the sessions before this one (a resumed run, a killed one's last save)
         self._file = SwapFile(path)
 
     # -- the write API -------------------------------------------------------------------------------------
@@ -338,7 +338,10 @@ class Trajectory:
 
     # -- saving ----------------------------------------------------------------------------------------------
     def save(self) -> None:
-        """Replace the file with the whole document, atomically: never half a file on disk."""
+        """Replace the file with the whole document, atomically: never half a file on disk. A run not ended yet
+        records its wall time so far, so a run killed (kill -9, a lost machine) and resumed keeps it."""
+        if self.ended is None:
+            self.wall_s = round(self.wall_s_so_far(), 3)
         document = self._document()
         try:
             directory = os.path.dirname(os.path.abspath(self.path))

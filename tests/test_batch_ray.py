@@ -9,6 +9,7 @@ MINISWE_REQUIRE_RAY=1, which turns that skip into a failure.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -149,6 +151,14 @@ def orphaned_scratch() -> list[Path]:
     return found
 
 
+def copied_steps(run_dir: Path, task_id: str) -> int:
+    """The steps in the driver's copy of a running task's trajectory."""
+    try:
+        return len(json.loads((run_dir / task_id / f"{task_id}.traj.json").read_text())["steps"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
 def nodes_of(run_dir: Path, task_id: str) -> set[str]:
     return set((run_dir / task_id / "workspace" / "nodes").read_text().split())
 
@@ -195,8 +205,10 @@ def test_a_node_killed_mid_batch_loses_only_its_running_tasks_and_a_rerun_finish
     proc = start_batch(cluster, work, server, "-w", "4")
     on_worker = lambda: [p.parent.parent.name for p in run.glob("*/workspace/nodes") if "worker" in p.read_text()]  # noqa: E731
     wait_for(lambda: len(on_worker()) >= 2)
-    time.sleep(0.5)  # a trajectory copy reaches the driver when a task starts
     lost = set(on_worker())
+    # a task resumes from the latest copy of its trajectory the driver holds: kill once each has one with a step
+    # (how soon one arrives depends on the machine's load)
+    wait_for(lambda: all(copied_steps(run, i) for i in lost))
     cluster.kill_node("worker")
     code, out, err = finish(proc)
     assert code == 3, err  # infrastructure failures
@@ -232,6 +244,9 @@ def test_driver_killed_then_resumed_loses_and_repeats_nothing(cluster, work, ser
     finished = [json.loads(line)["id"] for line in before]
     assert 3 <= len(finished) < 16
     kept = {i: (run / i / f"{i}.traj.json").read_bytes() for i in finished}
+    # the driver's latest copies of the tasks in flight (copied as their steps completed)
+    in_flight = {path.parent.name: json.loads(path.read_text())["steps"] for path in run.glob("*/*.traj.json")
+                 if path.parent.name not in finished}
     # the dead driver's tasks stop with it (Ray ends its job's workers; they also see the hub gone)
     counts = []
     wait_for(lambda: counts.append(len(server.requests)) or (len(counts) > 20 and counts[-1] == counts[-20]), timeout=30)
@@ -243,8 +258,13 @@ def test_driver_killed_then_resumed_loses_and_repeats_nothing(cluster, work, ser
     assert after[: len(before)] == before
     records = ledger(run)
     assert sorted(records) == [f"t{i:02d}" for i in range(16)]
-    assert all(r["exit_status"] == "Submitted" and r["steps"] == 4 for r in records.values())
-    assert len(server.requests) - served == 4 * (16 - len(finished))
+    assert all(r["exit_status"] == "Submitted" for r in records.values())
+    # tasks in flight went on from their copies, every copied step kept (their workspaces went on past the
+    # copies: steps may be more or fewer than 4); no task made more calls than running it afresh would
+    for task_id, steps in in_flight.items():
+        assert trajectory(run, records[task_id])["steps"][: len(steps)] == steps
+    assert all(r["steps"] == 4 for i, r in records.items() if i not in in_flight)
+    assert len(server.requests) - served <= 4 * (16 - len(finished))
     assert all((run / i / f"{i}.traj.json").read_bytes() == data for i, data in kept.items())
     assert not orphaned_scratch()
 
@@ -444,8 +464,9 @@ def test_a_private_cluster_left_by_a_killed_driver_is_cleared_by_the_next_run(tm
         assert len(temp_dirs) == 1
         proc.kill()
         proc.wait()
-        time.sleep(1)
         outlived = [pid for pid in ns.pids() if pid not in (ns.holder.pid, server.proc.pid)]
+        # the cluster's watchdog kills what outlived the driver, and removes the temp dir, without waiting for a rerun
+        wait_for(lambda: not any(alive(pid) for pid in outlived) and not any(d.exists() for d in temp_dirs), timeout=30)
         code, out, err = finish(ns.popen(*argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         assert code == 0, err
         records = ledger(tmp_path / "run")
@@ -458,3 +479,75 @@ def test_a_private_cluster_left_by_a_killed_driver_is_cleared_by_the_next_run(tm
         if server:
             server.stop()
         ns.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def cluster_processes(ns: LoopbackNamespace, temp_dir: Path, exclude: set[int]) -> dict[int, bytes]:
+    """The namespace's processes but `exclude`: the private cluster's, its agents too (Ray retitles them
+    `ray::...`: their command lines name nothing) and its watchdog."""
+    found = {}
+    for pid in ns.pids():
+        if pid not in exclude:
+            with contextlib.suppress(OSError):
+                found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert any(str(temp_dir).encode() in cmdline for cmdline in found.values()), found
+    return found
+
+
+def test_a_private_cluster_whose_driver_and_watchdog_were_killed_is_cleared_from_another_namespace(tmp_path):
+    """kill -9 of the driver and of its watchdog in one user namespace: the next batch, run in another (where
+    /proc/PID/fd of the first one's processes cannot be read), kills every process of the first cluster from
+    the watchdog's notes and only then removes the temp dir."""
+    first, second = LoopbackNamespace(tmp_path / "home"), LoopbackNamespace(tmp_path / "home")
+    servers = []
+    try:
+        servers.append(Server(first, tmp_path))
+        write_tasks(tmp_path, [task(f"t{i}", 8, sleep=0.3) for i in range(2)])
+        before = set(Path("/tmp").glob("miniswe-ray-*"))
+        proc = first.popen(*batch_argv(servers[0], "run", "--executor", "ray", "-w", "2", "-q"), cwd=tmp_path,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(list((tmp_path / "run").glob("*/workspace/.n"))) == 2)
+        (temp_dir,) = set(Path("/tmp").glob("miniswe-ray-*")) - before
+        time.sleep(1.5)  # the watchdog notes the cluster's processes every second
+        watchdog = int((temp_dir / "watchdog").read_text().split()[0])
+        ours = cluster_processes(first, temp_dir, {first.holder.pid, servers[0].proc.pid, watchdog, proc.pid})
+        assert any(cmdline.startswith(b"ray::DashboardAgent") for cmdline in ours.values()), ours
+        os.kill(watchdog, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        time.sleep(1)
+        assert any(alive(pid) for pid in ours), "nothing outlived the driver: the test shows nothing"
+        servers.append(Server(second, tmp_path))
+        code, out, err = finish(second.popen(*batch_argv(servers[1], "run", "--executor", "ray", "-w", "2"), cwd=tmp_path,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        assert code == 0, err
+        assert {r["exit_status"] for r in ledger(tmp_path / "run").values()} == {"Submitted"}
+        assert not [(pid, cmdline) for pid, cmdline in ours.items() if alive(pid)], "a process of the first cluster is left"
+        assert not temp_dir.exists()
+    finally:
+        for server in servers:
+            server.stop()
+        first.close()
+        second.close()
+
+
+def test_an_ownerless_scratch_folder_is_removed_once_old(tmp_path, monkeypatch):
+    from miniswe.batch import ray_worker
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / "miniswe-tasks-abc"
+    for name in ("old", "new", "owned"):
+        (root / name).mkdir(parents=True)
+    (root / "owned" / ".owner").write_text(str(os.getpid()))
+    long_ago = time.time() - ray_worker.OWNERLESS_S - 10
+    for name in ("old", "owned"):
+        os.utime(root / name, (long_ago, long_ago))
+    ray_worker._sweep_scratch()
+    assert sorted(p.name for p in root.iterdir()) == ["new", "owned"]

@@ -499,3 +499,30 @@ def test_a_batch_whose_reader_went_away_still_finishes_and_records_its_end(tmp_p
         assert done.returncode == 0, done.stderr  # pipefail: miniswe's own exit code
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "finished"
     assert len(by_id(tmp_path / "run")) == 6
+
+
+def test_the_time_limit_bounds_setup_and_evaluation_too(server, tmp_path):
+    """agent.time_limit is one deadline for setup, the agent and evaluation: a setup it cuts ends the run as
+    TimeExceeded before the model is asked; an evaluation it cuts ends it as TimeExceeded, the submission kept
+    and no verdict given."""
+    tasks = write_tasks(tmp_path / "tasks.yaml", [
+        task("slow-setup", steps=1, setup="sleep 30", eval="true"),
+        task("slow-eval", steps=1, eval="sleep 30"),
+    ])
+    cfg = load_config({"model": {"base_url": server.base_url, "name": "test-model", "retries": 2, "max_backoff": 0.01},
+                       "agent": {"step_limit": 20, "time_limit": 3}, "environment": {"timeout": 60}})
+    server.push(COUNTER)
+    started = time.monotonic()
+    result = run_batch(cfg, BatchOptions(str(tasks), str(tmp_path / "run"), workers=2), stream=io.StringIO())
+    assert time.monotonic() - started < 20, "neither sleep ran its 30 s"
+    records = {r["id"]: r for r in ledger(tmp_path / "run")}
+    setup = records["slow-setup"]
+    assert setup["exit_status"] == "TimeExceeded" and "during setup" in setup["exit_detail"], setup
+    assert setup["model_calls"] == 0, "the model was never asked: the time was up"
+    evaluated = records["slow-eval"]
+    assert evaluated["exit_status"] == "TimeExceeded" and "during evaluation" in evaluated["exit_detail"], evaluated
+    assert evaluated["resolved"] is None and "patch of slow-eval" in evaluated["submission"]
+    traj = recorded(str(tmp_path / "run" / "slow-eval" / "slow-eval.traj.json"))
+    assert traj["evaluation"][0]["command"] == "sleep 30" and traj["evaluation"][0]["timed_out"]
+    assert recorded(str(tmp_path / "run" / "slow-setup" / "slow-setup.traj.json"))["setup"][0]["timed_out"]
+    assert len(server.requests) == 1 and result.exit_code == 0, "agent outcomes both"

@@ -74,7 +74,7 @@ def test_confirm_yes_no_with_a_reason_and_edit(terminals, server, home, work):
     term.wait_for(r"\$ echo three")
     term.wait_for("Run it", count=3)
     say(term, "e")
-    term.wait_for("edit")
+    term.wait_for(r"edit \(Ctrl\+J: new line, Enter: run\)> echo three")  # not "[e]dit" of the question before
     term.type(" && echo edited")  # the command is there to edit, the cursor at its end
     term.send("\r")
     term.wait_for("edited\n")
@@ -172,6 +172,8 @@ def test_save_then_load_in_a_new_process_and_replay_the_session(terminals, serve
     say(term, "/load " + session_id[:11])
     term.wait_for("loaded " + session_id)
     term.wait_prompt(PROMPT)
+    say(term, "/cost")
+    term.wait_for("last turn: none yet since /load")  # the loaded usage is the whole session's, no turn of this one
     say(term, "read it back")
     term.wait_for("hello")
     term.wait_for(r"done \(submitted\)")
@@ -239,6 +241,7 @@ def test_a_stalled_stream_is_retried_and_the_turn_goes_on(terminals, server, hom
     say(term, "go")
     term.wait_for("the stream sent nothing for 1s; retry 1")
     term.wait_for(r"done \(submitted\)")
+    assert re.search(r"--- reasoning ---\nhmm,[^\n]* \[cut off\]\nminiswe: .*retry 1", term.text())
     data = autosave(home)
     assert data["usage"]["retries"] == 1 and data["steps"][0]["reasoning"] == "hmm, let me see"
 
@@ -290,8 +293,19 @@ def test_sigterm_at_the_prompt_or_during_a_turn_leaves_after_saving(terminals, s
     import time
 
     term = start(terminals, server, home, work)
+    os.write(term.fd, b"x")  # a key just before the signal: prompt_toolkit is redrawing when it comes
+    os.kill(term.pid, signal.SIGHUP)
+    assert term.wait_exit() == 129
+    server.push(SUBMIT)
+    term = start(terminals, server, home, work, "--mode", "yolo")
+    say(term, "a turn to save")
+    term.wait_for(r"done \(submitted\)")
+    term.wait_prompt(PROMPT)
+    os.write(term.fd, b"half")
     os.kill(term.pid, signal.SIGTERM)
     assert term.wait_exit() == 143
+    assert "session autosaved" in term.text() and "Press ENTER" not in term.text()
+    assert autosave(home)["session"]["turns"][0]["exit_status"] == "Submitted"
     server.push(act("echo working; sleep 30"))
     term = start(terminals, server, home, work, "--mode", "yolo")
     say(term, "work")
@@ -341,3 +355,35 @@ def test_escape_sequences_in_replies_and_outputs_are_shown_not_obeyed(terminals,
     assert "␛]0;retitled␇ look." in term.text() and "x␛]52;c;Y2xpcA==␇y" in term.text()
     term.send(b"\x04")
     assert term.wait_exit() == 0
+
+
+def test_a_streamed_secret_is_masked_across_the_pieces_it_arrives_in(terminals, server, home, work):
+    key = "sk-live-MODELKEY-123456"
+    server.push({"content": f"THOUGHT: your key is {key}, as asked.\n\n```bash\ntrue\n```",
+                 "reasoning_content": f"they want {key} back", "piece": 3}, SUBMIT)
+    term = start(terminals, server, home, work, "--mode", "yolo", "-c", "model.stream=true", OPENAI_API_KEY=key)
+    say(term, "show me the key")
+    term.wait_for(r"done \(submitted\)")
+    term.wait_prompt(PROMPT)
+    term.send(b"\x04")
+    assert term.wait_exit() == 0
+    assert key.encode() not in term.raw and key not in "\n".join(term.display())
+    for part in (key[:9], key[9:17], key[17:]):  # no piece of it got through between colour codes either
+        assert part.encode() not in term.raw
+    printed = term.text()
+    assert "they want *** back" in printed and "THOUGHT: your key is ***, as asked." in printed
+
+
+def test_the_piece_masker_masks_a_secret_split_anywhere_and_holds_back_only_what_may_begin_one():
+    from miniswe.output import PieceMasker
+    from miniswe.redaction import Secrets
+
+    secrets = Secrets()
+    secrets.add("sk-live-MODELKEY-123456")
+    text = "a key: sk-live-MODELKEY-123456; not one: sk-live-; ends with s"
+    for size in range(1, len(text) + 1):
+        masker = PieceMasker(secrets)
+        shown = "".join(masker.feed(text[i:i + size]) for i in range(0, len(text), size)) + masker.flush()
+        assert shown == "a key: ***; not one: sk-live-; ends with s", size
+    masker = PieceMasker(secrets)
+    assert masker.feed("plain words ") == "plain words " and masker.feed("and sk-l") == "and " and masker.held == "sk-l"

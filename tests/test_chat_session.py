@@ -173,3 +173,18 @@ def test_a_new_session_keeps_the_last_autosave_under_an_id(tmp_path):
     listed = store.list_sessions()
     assert sorted(s.summary for s in listed) == ["the new one · Submitted", "the old one · Submitted"]
     assert notes and "the previous session was kept as" in notes[0]
+
+
+def test_a_command_the_person_edited_is_told_to_the_model_as_what_ran(tmp_path):
+    chat = session(tmp_path, [act("echo original"), SUBMIT], mode="confirm", answers=["e", "echo edited", "y"])
+    try:
+        assert chat.turn("go").status is ExitStatus.SUBMITTED
+    finally:
+        chat.close()
+    step = chat.trajectory.steps[0]
+    assert step.command == "echo edited" and step.proposed == "echo original" and step.output == "edited\n"
+    told = [m["content"] for m in chat.agent.messages if m["role"] in ("user", "tool") and "edited\n" in m["content"]]
+    assert len(told) == 1 and "this ran instead of yours:\necho edited" in told[0], told
+    assert "echo original" not in told[0]
+    recorded = [m.content for m in chat.trajectory.messages if m.step == 1 and m.role in ("user", "tool")]
+    assert any("this ran instead of yours" in text for text in recorded), "the record holds what the model was told"

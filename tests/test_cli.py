@@ -514,3 +514,33 @@ def test_escape_sequences_from_the_model_a_command_or_the_server_never_reach_the
     assert "a␛[2Jb␛]0;pwned␇c" in result.stderr and "␛[31mred" in result.stderr and "bad ␛]52;c;" in result.stderr
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["steps"][0]["output"] == "a\x1b[2Jb\x1b]0;pwned\x07c\n", "the record keeps the bytes"
+
+
+def test_an_output_path_that_is_not_a_regular_file_is_refused_and_left_alone(cli, server, tmp_path):
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    result = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", str(fifo), timeout=30)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if str(fifo) in line]
+    assert len(lines) == 1 and "not a regular file" in lines[0], result.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO is still there"
+    assert server.requests == [], "nothing ran"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".pipe")] == [], "no temporary file left"
+
+
+def test_atomic_writes_never_replace_what_is_not_a_regular_file(tmp_path):
+    import stat
+
+    from miniswe.atomic import SwapFile, write_atomic
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for write in (lambda: write_atomic(str(fifo), "x"), lambda: SwapFile(str(fifo)).write("x")):
+        with pytest.raises(OSError, match="not a regular file"):
+            write()
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    write_atomic(str(tmp_path / "plain"), "ok")
+    write_atomic(str(tmp_path / "plain"), "again")
+    assert (tmp_path / "plain").read_text() == "again"

@@ -186,3 +186,17 @@ def test_with_tool_calling_compaction_never_separates_a_call_from_its_answer(cli
     assert last[-1]["role"] == "tool" and "o" * 2000 in last[-1]["content"], "the newest turn is whole"
     # the record keeps every call and every answer
     assert sum(m["role"] == "tool" and "o" * 2000 in m["content"] for m in data["messages"]) == 14
+
+
+def test_when_the_newest_turns_alone_fill_the_goal_a_summary_is_not_asked_for_at_every_compaction(cli, tmp_path):
+    # window 6000: the trigger is 3000 tokens and the goal 1800; two kept turns of 2 KB outputs are ~1,100
+    replies = [printer(n) for n in range(1, 26)] + [SUBMIT]
+    with ScriptedServer(replies, context_window=6000, rules=[(SUMMARY_REQUEST, SUMMARY)]) as server:
+        result = run(cli, server, "-c", "agent.context_window=6000", "-c", "agent.keep_turns=2")
+        assert result.returncode == 0, result.stderr
+        assert server.overflows == 0
+        requests = chat_requests(server)
+    data = json.loads((tmp_path / "t.json").read_text())
+    summaries = [c for c in data["compactions"] if c["kind"] == "summary"]
+    assert 1 <= len(summaries) <= 3, "a summary only once the middle it replaces is worth a model call"
+    assert len(requests) <= 26 + len(summaries)

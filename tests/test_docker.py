@@ -244,6 +244,29 @@ def test_container_removed_from_outside_mid_step(fresh):
         env.execute("true", timeout=10)
 
 
+def test_container_killed_from_outside_mid_step_says_killed(fresh):
+    env = fresh()
+    threading.Timer(1.0, docker, args=("kill", env.name)).start()
+    result = env.execute("echo running; sleep 30", timeout=60)
+    assert result.output == "running\n" and result.returncode is None
+    assert "killed from outside by signal 9" in result.sandbox_error and "is gone" in result.sandbox_error
+    assert "removed from outside" not in result.sandbox_error and "\n" not in result.sandbox_error
+
+
+def test_the_runs_own_client_killed_mid_step_says_so(fresh):
+    env = fresh()
+    client = env._runner.proc.pid  # our own child: found by pid, never by name
+    threading.Timer(1.0, os.kill, args=(client, signal.SIGKILL)).start()
+    started = time.monotonic()
+    result = env.execute("echo running; sleep 30", timeout=60)
+    assert time.monotonic() - started < 10
+    assert result.output == "running\n" and result.returncode is None
+    assert f"client of container {env.name} (pid {client}) was killed from outside (SIGKILL)" in result.sandbox_error
+    assert "removed" not in result.sandbox_error
+    with pytest.raises(SandboxError, match="was killed from outside"):
+        env.execute("true", timeout=10)
+
+
 def test_container_removed_between_steps(fresh):
     env = fresh()
     docker("rm", "-f", env.name)

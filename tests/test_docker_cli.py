@@ -358,6 +358,33 @@ def test_kill_9_leaves_an_orphan_that_cleanup_removes_but_live_runs_are_kept(run
 # ---------------------------------------------------------------- the container dies under the run
 
 
+@pytest.mark.parametrize(
+    ("run_args", "shown"),
+    [("[-v, /var/run:/hostrun]", "-v /var/run:/hostrun"), ("[--mount, 'type=bind,src=/,dst=/host']", "--mount type=bind"),
+     ("[--cap-add, SYS_PTRACE]", "--cap-add SYS_PTRACE"), ("[--security-opt, seccomp=unconfined]", "seccomp=unconfined")],
+)
+def test_unsafe_run_args_are_refused_at_start_before_any_container(runs, server, run_args, shown):
+    proc = runs.run(server, "-c", f"environment.run_args={run_args}")
+    assert proc.returncode == 2, proc.err
+    lines = stderr_lines(proc.err)
+    assert len(lines) == 1 and shown in lines[0] and "allow_unsafe_run_args" in lines[0], proc.err
+    assert server.requests == []
+    listed = engine("ps", "-a", "--format", "{{.Names}}", "--filter", f"label=miniswe.pid={proc.pid}")
+    assert listed.returncode == 0 and listed.stdout.split() == []
+
+
+def test_a_command_that_destroys_its_own_container_is_named_in_the_outcome(runs, server):
+    server.push(act("echo one"), act("rm -rf --no-preserve-root / 2>/dev/null; echo done-rm"), act("echo three"), SUBMIT)
+    proc = runs.run(server, timeout=180)
+    assert proc.returncode == 1, proc.err  # the agent's outcome, not an infrastructure failure: no rerun on resume
+    lines = stderr_lines(proc.err)
+    assert len(lines) == 1 and "the run's own command broke container" in lines[0], proc.err
+    assert "command 2 (the previous one)" in lines[0]
+    data = runs.traj(proc)
+    assert data["exit_status"] == "SandboxDestroyed" and "the run's own command broke" in data["exit_detail"]
+    assert_gone(proc)
+
+
 def test_container_removed_from_outside_ends_the_run_with_sandbox_error(runs, server):
     server.push(act("echo running; sleep 34"), SUBMIT)
     proc = runs.start(server)

@@ -121,7 +121,7 @@ def test_pkill_by_pattern_or_name_does_not_cut_the_step(fresh, exe):
 def test_the_executor_ignores_signals_from_the_host_by_pid(fresh):
     env = fresh()
     pid = int(docker("inspect", "--format", "{{.State.Pid}}", env.name).stdout)
-    assert b"miniswe's executor" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert b"miniswe-executor" in Path(f"/proc/{pid}/cmdline").read_bytes()
     thread, box = in_background(env, "sleep 2; echo done")
     time.sleep(0.5)
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGALRM, signal.SIGPIPE):
@@ -145,8 +145,14 @@ def test_a_process_stopped_from_the_host_is_noticed_even_without_a_timeout(fresh
         result = env.execute("echo before; sleep 30", timeout=NO_TIMEOUT)
         assert time.monotonic() - started < 12
         assert "stopped from outside" in result.sandbox_error and result.output == "before\n"
+        started = time.monotonic()
+        env.close()  # a stopped client is not waited for
+        assert time.monotonic() - started < 3
     finally:
-        os.kill(pid, signal.SIGCONT)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:  # ended by the close
+            pass
 
 
 def test_a_fork_bomb_stays_inside_the_pids_limit(fresh):
@@ -180,14 +186,76 @@ def test_default_resource_settings(fresh):
 @pytest.mark.parametrize(
     "run_args",
     [["--pid=host"], ["--pid", "container:victim"], ["--network", "host"], ["--net=host"], ["--privileged"],
-     ["--cap-add", "ALL"], ["-v", "/var/run/docker.sock:/var/run/docker.sock"]],
+     ["--cap-add", "ALL"], ["-v", "/var/run/docker.sock:/var/run/docker.sock"],
+     # the engine's socket through a folder that holds it, or the host's root, in every spelling
+     ["-v", "/var/run:/hostrun"], ["-v", "/run:/r"], ["--volume", "/:/host"], ["--volume=/var:/v"], ["-v/run:/r"],
+     ["--mount", "type=bind,source=/var/run,target=/x"], ["--mount", "src=/,type=bind,dst=/x"],
+     ["--mount", "type=volume,dst=/x,volume-opt=type=none,volume-opt=o=bind,volume-opt=device=/run"],
+     ["-v", "../../../../../../../../run:/x"], ["-v", "/var/run/../../:/x"],
+     # capabilities and options that undo the executor's protections, and more host namespaces
+     ["--cap-add", "SYS_PTRACE"], ["--cap-add=cap_sys_admin"], ["--cap-add", "NET_ADMIN,SYS_PTRACE"],
+     ["--cap-add", "DAC_READ_SEARCH"], ["--security-opt", "seccomp=unconfined"], ["--security-opt=apparmor:unconfined"],
+     ["--uts=host"], ["--cgroupns", "host"], ["--ipc=host"], ["--userns", "host"]],
     ids=lambda args: " ".join(args),
 )
-def test_unsafe_run_args_are_refused_naming_the_argument(run_args):
+def test_unsafe_run_args_are_refused_naming_the_argument(run_args, monkeypatch):
+    def start(self):
+        raise AssertionError("a container was started")
+
+    monkeypatch.setattr(DockerEnvironment, "_start", start)  # refused before any engine call: no container is created
     with pytest.raises(ConfigError) as caught:
         DockerEnvironment(DockerConfig(image=IMAGE, run_args=run_args))
     message = str(caught.value)
+    assert caught.value.exit_code == 2
     assert run_args[0] in message and "allow_unsafe_run_args" in message and "\n" not in message
+
+
+def test_the_engine_socket_in_docker_host_is_refused_too(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/engine/api.sock")
+    with pytest.raises(ConfigError, match="engine socket"):
+        DockerEnvironment.check(DockerConfig(image=IMAGE, run_args=["-v", f"{tmp_path}:/x"]))
+    monkeypatch.chdir(tmp_path)  # relative forms as the engine's client reads them
+    with pytest.raises(ConfigError, match="engine socket"):
+        DockerEnvironment.check(DockerConfig(image=IMAGE, run_args=["--mount", "type=bind,source=./engine,target=/x"]))
+
+
+@pytest.mark.parametrize(
+    "run_args",
+    [["-v", "/tmp:/tmp"], ["-v", "/srv/project:/work:ro"], ["-v", "cache:/root/.cache"], ["-v", "/var/run"],
+     ["--mount", "type=bind,source=/tmp,target=/t"], ["--mount", "type=volume,source=run,target=/t"],
+     ["--cap-add", "NET_ADMIN"], ["--security-opt", "no-new-privileges"], ["--uts", "private"], ["--ipc", "private"]],
+    ids=lambda args: " ".join(args),
+)
+def test_legitimate_run_args_are_accepted(run_args):
+    assert DockerEnvironment.check(DockerConfig(image=IMAGE, run_args=run_args)).run_args == run_args
+
+
+@pytest.mark.parametrize("exe", ENGINES)
+def test_name_based_process_checks_do_not_find_the_executor(fresh, exe):
+    env = fresh(executable=exe)
+    # the executor runs as PID 1 under a name of its own: a command's pgrep or pkill of python3 finds nothing
+    found = env.execute("pgrep -f python3; echo $?; pgrep python3; echo $?; pgrep -f import; echo $?; "
+                        "pkill -f python3; echo $?; cat /proc/1/comm; tr '\\0' ' ' </proc/1/cmdline", timeout=20)
+    lines = found.output.split("\n")
+    assert lines[:4] == ["1", "1", "1", "1"], found.output
+    assert lines[4] == "miniswe-executo" and lines[5].strip() == "miniswe-executor", found.output
+    assert env.execute("echo alive", timeout=10).output == "alive\n"
+
+
+@pytest.mark.parametrize("mode", ["resident", "exec-per-step"])
+def test_a_command_that_destroys_its_own_container_is_named(fresh, mode, no_python_image):
+    env = fresh(image=IMAGE if mode == "resident" else no_python_image)
+    assert env.describe()["executor"] == mode
+    assert env.execute("echo one", timeout=10).output == "one\n"
+    wrecked = env.execute("rm -rf --no-preserve-root / 2>/dev/null; echo done-rm", timeout=120)
+    assert wrecked.output.endswith("done-rm\n") and wrecked.sandbox_error is None
+    with pytest.raises(SandboxError) as caught:
+        env.execute("true", timeout=10)
+    message = str(caught.value)
+    assert message.startswith("the run's own command broke container ") and "command 2 (the previous one)" in message
+    assert caught.value.by_agent_command == 2 and "\n" not in message
+    with pytest.raises(SandboxError, match="the run's own command broke"):  # the same, at once
+        env.execute("true", timeout=10)
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,7 @@ def test_step_selection(cli, args, steps):
 @pytest.mark.parametrize(("args", "message"), [
     (["--step", "9"], "--step 9: the run has steps 1 to 7"),
     (["--steps", "a:b"], "--steps a:b: expected A:B"),
+    (["--steps", "5:3"], "--steps 5:3: the first step comes after the last"),
     (["--step", "2", "--steps", "1:3"], "give --step N or --steps A:B, not both"),
     (["--sort", "cost"], "--sort applies to a run directory"),
     (["--json", "--html", "x.html"], "give --json or --html, not both"),
@@ -326,3 +327,106 @@ def test_old_trajectories_inspect_like_new_ones(cli):
         result = cli("inspect", str(DATA / "trajectories" / name), "--json")
         data = json.loads(result.stdout)
         assert data["header"]["source"] == "miniswe-trajectory" and len(data["steps"]) == len(load(str(DATA / "trajectories" / name)).steps)
+
+
+def test_a_killed_resumed_and_forked_run_shows_its_history(cli, server, tmp_path):
+    import subprocess
+
+    from conftest import act
+    from replies import SUBMIT_MARKER
+
+    (tmp_path / "work").mkdir()
+    server.push(act("echo one"), act("echo started; sleep 60"), act(f"echo {SUBMIT_MARKER}"))
+    endpoint = ["--base-url", server.base_url, "-m", "m"]
+    proc = subprocess.Popen(miniswe_cmd("run", "t", *endpoint, "--cwd", "work", "-o", "t.json"), cwd=tmp_path,
+                            env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while '"pending": {"step": 2' not in ((tmp_path / "t.json").read_text() if (tmp_path / "t.json").exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait(10)
+
+    killed = json.loads(cli("inspect", "t.json", "--json").stdout)
+    assert killed["header"]["pending"] == 2 and killed["header"]["steps"] == 1
+    last = killed["steps"][-1]
+    assert last["step"] == 2 and last["pending"] and last["status"] == "cut short / never finished"
+    assert last["command"] == "echo started; sleep 60" and last["error"]
+    text = cli("inspect", "t.json").stdout
+    assert "━━ step 2 · cut short / never finished" in text and "$ echo started; sleep 60" in text
+    assert "in flight  step 2: its command never finished (the run was killed)" in text
+    assert [s["step"] for s in json.loads(cli("inspect", "t.json", "--json", "--errors").stdout)["steps"]] == [2]
+
+    resumed = cli("run", "--resume", "t.json", *endpoint, "-c", "agent.step_limit=9")
+    assert resumed.returncode == 0, resumed.stderr
+    header = json.loads(cli("inspect", "t.json", "--json").stdout)["header"]
+    assert header["pending"] is None and len(header["resumes"]) == 1
+    assert header["resumes"][0]["from_step"] == 1 and "agent.step_limit" in header["resumes"][0]["changes"]
+    assert "resumed    at " in cli("inspect", "t.json").stdout and "after step 1 · changed agent.step_limit" in \
+        cli("inspect", "t.json").stdout
+
+    (tmp_path / "fresh").mkdir()
+    server.push(act(f"echo {SUBMIT_MARKER}"))
+    fork = cli("run", "--fork", "t.json", "--from-step", "1", "-o", "f.json", "--cwd", "fresh", *endpoint)
+    assert fork.returncode == 0, fork.stderr
+    forked = json.loads(cli("inspect", "f.json", "--json").stdout)["header"]["parent"]
+    assert forked["from_step"] == 1 and forked["trajectory"] == str(tmp_path / "t.json")
+    assert f"forked     from {tmp_path / 't.json'} at step 1" in cli("inspect", "f.json").stdout
+
+
+def test_a_changed_command_shows_what_the_model_proposed_and_what_ran(cli, tmp_path):
+    path = tmp_path / "t.json"
+    trajectory = Trajectory(str(path), task="t", config={}, environment={})
+    trajectory.record_step(Step(1, command="rm -i build.log", proposed="rm -rf build", returncode=0, output=""))
+    trajectory.save()
+    out = cli("inspect", str(path)).stdout
+    assert "━━ step 1 · rc=0 · command changed" in out
+    assert "proposed $ rm -rf build\n(changed before it ran; what ran:)\n$ rm -i build.log" in out
+    step = json.loads(cli("inspect", str(path), "--json").stdout)["steps"][0]
+    assert step["proposed"] == "rm -rf build" and step["command"] == "rm -i build.log"
+
+
+def test_an_interrupted_batch_lists_every_selected_task(cli, tmp_path):
+    import subprocess
+
+    import yaml
+    from conftest import act
+    from openai_server import ScriptedServer
+    from waiting import wait_for
+
+    counter = act('n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n; sleep "${SLEEP:-0}"; '
+                  'if [ "$n" -ge "${STEPS:-3}" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; else echo "step $n"; fi')
+    tasks = [{"id": f"t{i}", "task": "count", "env": {"env": {"STEPS": "1" if i < 2 else "3", "SLEEP": "0" if i < 2 else "20"}}}
+             for i in range(6)]
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump(tasks, sort_keys=False))
+    run = tmp_path / "run"
+    with ScriptedServer(default=counter) as server:
+        proc = subprocess.Popen(miniswe_cmd("batch", "tasks.yaml", "-o", "run", "--base-url", server.base_url, "-m", "m",
+                                            "-w", "2", "-c", "environment.timeout=30"),
+                                cwd=tmp_path, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: (run / "results.jsonl").exists() and len((run / "results.jsonl").read_text().splitlines()) == 2
+                     and all((run / t / f"{t}.traj.json").exists() for t in ("t2", "t3")), "two done, two in flight")
+        finally:
+            proc.kill()
+            proc.wait(10)
+    view = json.loads(cli("inspect", str(run), "--json", "--sort", "id").stdout)
+    assert [(r["id"], r["exit_status"]) for r in view["rows"]] == [
+        ("t0", "Submitted"), ("t1", "Submitted"), ("t2", "unfinished"), ("t3", "unfinished"), ("t4", "not run"),
+        ("t5", "not run")]
+    assert view["totals"]["unfinished"] == 2 and view["totals"]["not_run"] == 2 and view["totals"]["tasks"] == 2
+    picked = json.loads(cli("inspect", str(run), "--json", "--status", "unfinished", "--sort", "id").stdout)
+    assert [r["id"] for r in picked["rows"]] == ["t2", "t3"]
+    assert [r["id"] for r in json.loads(cli("inspect", str(run), "--json", "--status", "not run").stdout)["rows"]] == ["t4", "t5"]
+    text = cli("inspect", str(run)).stdout
+    assert "unfinished 2 · not run 2" in text and re.search(r"^t4\s+not run", text, re.M)
+
+
+def test_a_cost_no_format_recorded_is_not_shown_as_free(cli):
+    listed = str(REFERENCE / "mini-swe-agent-list-format.traj.json")
+    assert re.search(r"^cost\s+not recorded$", cli("inspect", listed).stdout, re.M)
+    header = json.loads(cli("inspect", listed, "--json").stdout)["header"]
+    assert header["usage"]["cost"] is None and "the run's cost" in header["not_recorded"]
+    recorded = json.loads(cli("inspect", str(REFERENCE / "mini-swe-agent-1-submitted.traj.json"), "--json").stdout)
+    assert recorded["header"]["usage"]["cost"] == 1.0, "a total with no per-call costs is still the cost"

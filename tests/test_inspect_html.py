@@ -122,6 +122,46 @@ def test_html_refuses_a_directory_and_comparisons(tmp_path):
     assert result.returncode == 2 and "--html does not apply to a comparison" in result.stderr
 
 
+def test_html_into_a_new_folder_makes_it(tmp_path):
+    out = tmp_path / "pages" / "new" / "run.html"
+    assert "<!doctype html>" in html(V2, str(out))
+    (tmp_path / "file").write_text("")
+    result = subprocess.run(miniswe_cmd("inspect", V2, "--html", str(tmp_path / "file" / "run.html")), capture_output=True,
+                            text=True, env=clean_env())
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "cannot create its folder" in result.stderr
+
+
+def history_run(path: str) -> None:
+    """A run that was resumed once, forked from another, changed one command, and was killed during step 3."""
+    from miniswe.trajectory import Step, Trajectory
+
+    trajectory = Trajectory(path, task="fix it", config={}, environment={})
+    trajectory.parent = {"trajectory": "/runs/parent.traj.json", "run_id": "r-1", "from_step": 1}
+    trajectory.record_step(Step(1, command="ls", returncode=0, output="a\n"))
+    trajectory.resumes.append({"at": "2026-01-01T00:00:00.000Z", "from_step": 1, "changes": {"agent.step_limit": [5, 9]}})
+    trajectory.record_step(Step(2, command="rm -i build.log", proposed="rm -rf build", returncode=0, output=""))
+    trajectory.set_pending(Step(3, command="make test"))
+    trajectory.save()
+
+
+def test_the_page_shows_a_runs_history_and_changed_and_unfinished_commands(tmp_path, browser):
+    source = str(tmp_path / "h.traj.json")
+    history_run(source)
+    data = embedded(html(source, str(tmp_path / "h.html")))
+    header = data["run"]["header"]
+    assert header["pending"] == 3 and header["parent"]["from_step"] == 1 and header["resumes"][0]["from_step"] == 1
+    browser.open((tmp_path / "h.html").as_uri())
+    facts = browser.eval("document.querySelector('dl.facts').textContent")
+    assert "forked" in facts and "/runs/parent.traj.json at step 1" in facts
+    assert "after step 1 · changed agent.step_limit" in facts and "step 3: its command never finished" in facts
+    badges = browser.eval("Array.from(document.querySelectorAll('details.step summary')).map(s => s.querySelector('span:nth-child(2)').textContent)")
+    assert badges == ["rc=0", "rc=0command changed", "cut short / never finished"]
+    browser.eval("document.querySelectorAll('details.step').forEach(d => d.open = true)")
+    assert browser.eval("document.querySelector('#step-2 pre.proposed').textContent") == "$ rm -rf build"
+    assert "never finished" in browser.eval("document.querySelector('#step-3 .body').textContent")
+
+
 # -- in a browser ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():

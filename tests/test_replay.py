@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 
@@ -88,6 +89,11 @@ def test_resume_after_kill_9_repeats_no_call_and_loses_no_step(server, tmp_path)
     proc.wait(10)
     before = json.loads((tmp_path / "t.json").read_text())
     assert before["exit_status"] is None and len(server.requests) == 3 and before["pending"]["step"] == 3
+    killed_wall = before["timing"]["wall_s"]
+    assert killed_wall is not None and killed_wall > 0, "the wall time so far is saved with each save"
+    # as if the killed run had gone on for a minute and a half before its last save
+    before["timing"]["wall_s"] = 90.0
+    (tmp_path / "t.json").write_text(json.dumps(before))
 
     resumed = subprocess.run(miniswe_cmd("run", "--resume", "t.json", *endpoint), cwd=tmp_path, env=clean_env(),
                              capture_output=True, text=True, timeout=60)
@@ -102,6 +108,30 @@ def test_resume_after_kill_9_repeats_no_call_and_loses_no_step(server, tmp_path)
                                                            for m in before["messages"]]
     assert after["resumes"][0]["from_step"] == 2 and "pending" not in after
     assert after["usage"]["model_calls"] == 5
+    assert 90.0 < after["timing"]["wall_s"] < 90.0 + 60, "the killed run's wall time counts in the resumed run's"
+
+    # the replay goes past the step cut short by the kill: steps 4 and 5 run and are compared too
+    (tmp_path / "fresh").mkdir()
+    replayed = subprocess.run(miniswe_cmd("replay", "t.json", "--cwd", "fresh"), cwd=tmp_path, env=clean_env(),
+                              capture_output=True, text=True, timeout=60)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert "replayed step 3: matches (cut short in the recording (miniswe stopped)" in replayed.stderr
+    assert "replayed step 5: matches" in replayed.stderr
+    assert replayed.stdout.strip() == ("matched: 4 command(s) gave their recorded output; step 3 cut short in the "
+                                       "recording: ran again, output not compared")
+    assert (tmp_path / "fresh" / "log").read_text() == "one\ntwo\nthree\nfour\n"
+
+
+def test_replay_checks_the_steps_after_one_cut_short(cli, tmp_path):
+    path = record_run(cli, tmp_path, [act("echo one"), act("echo two"), act("echo three"), act(f"echo {SUBMIT_MARKER}")])
+    data = json.loads(path.read_text())
+    data["steps"][1].update(aborted="SIGINT", returncode=None, output="tw")  # a Ctrl-C in a chat, say; the run went on
+    data["steps"][2]["output"] = "not three\n"
+    path.write_text(json.dumps(data))
+    replayed = cli("replay", "t.json")
+    assert replayed.returncode == 1, replayed.stdout
+    assert replayed.stdout.splitlines()[0] == "diverged at step 3: output differs"
+    assert "replayed step 2: matches (cut short in the recording (SIGINT): ran again" in replayed.stderr
 
 
 def test_resume_refuses_a_run_with_a_verdict_and_an_interrupted_run_goes_on(cli, server, tmp_path):
@@ -146,3 +176,53 @@ def test_fork_keeps_the_first_steps_replays_them_elsewhere_and_leaves_the_parent
     assert child["parent"]["from_step"] == 1 and child["parent"]["trajectory"] == str(parent)
     assert child["resumes"][0]["changes"]["model.script"][1] == other
     assert parent.read_bytes() == original, "the parent is never touched"
+
+
+def test_a_foreign_recording_with_no_working_directory_replays_only_where_told(cli, tmp_path):
+    from conftest import ROOT
+
+    source = str(ROOT / "tests" / "data" / "reference" / "mini-swe-agent-list-format.traj.json")
+    (tmp_path / "keep.txt").write_text("mine\n")
+    refused = cli("replay", source)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "names no working directory" in refused.stderr
+    assert "--cwd DIR" in refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"], "nothing ran here"
+
+    (tmp_path / "fresh").mkdir()
+    told = cli("replay", source, "--cwd", "fresh")
+    assert told.returncode in (0, 1), told.stderr
+    assert f"replaying in {tmp_path / 'fresh'}: empty" in told.stderr
+    assert "whatever the original run left" not in told.stderr
+
+
+def test_the_replay_notice_says_what_the_directory_holds(cli, tmp_path):
+    record_run(cli, tmp_path, [act("echo hi > f"), act(f"echo {SUBMIT_MARKER}")])
+    same = cli("replay", "t.json")
+    assert "the recorded directory, with whatever the original run left there" in same.stderr
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "a").write_text("")
+    elsewhere = cli("replay", "t.json", "--cwd", "full")
+    assert "1 entry there already: the replay starts from them" in elsewhere.stderr
+
+
+def test_default_masks_cover_ls_times_and_unix_time_but_not_ordinary_numbers(cli, tmp_path):
+    path = record_run(cli, tmp_path, [act("touch f && ls -l"), act("date +%s; date +%s%3N"), act("echo 4242 1234567"),
+                                      act(f"echo {SUBMIT_MARKER}")])
+    data = json.loads(path.read_text())
+    listing, clock = data["steps"][0]["output"], data["steps"][1]["output"].split()
+    assert " f" in listing and re.search(r"\d:\d\d f", listing), listing
+    # as if recorded at another time: another minute and day in the listing, the clock a second or two behind
+    data["steps"][0]["output"] = re.sub(r"\w{3} [ \d]\d \d\d:\d\d", "Jan  9 23:59", listing)
+    data["steps"][1]["output"] = f"{int(clock[0]) - 2}\n{int(clock[1]) - 1500}\n"
+    path.write_text(json.dumps(data))
+    (tmp_path / "fresh").mkdir()
+    replayed = cli("replay", "t.json", "--cwd", "fresh", "-q")
+    assert replayed.returncode == 0, replayed.stdout
+
+    data["steps"][2]["output"] = "4243 1234567\n"  # an ordinary number that changed is a divergence
+    path.write_text(json.dumps(data))
+    (tmp_path / "fresh2").mkdir()
+    changed = cli("replay", "t.json", "--cwd", "fresh2", "-q")
+    assert changed.returncode == 1 and "diverged at step 3" in changed.stdout
+    assert "+4242 1234567" in changed.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shlex
 
 import yaml
 
@@ -110,3 +111,138 @@ def test_the_debug_log_goes_to_a_file_for_a_batch_and_names_failures(cli, server
     assert "call 1 failure" in log and "401" in log
     assert "miniswe debug" not in result.stderr, "the log went to the file, not the terminal"
     assert leaks(tmp_path, result.stdout, result.stderr) == []
+
+
+def test_every_trajectory_of_a_batch_masks_every_secret_the_batch_knows(cli, server, tmp_path):
+    token_a, token_b = "npm_TASKSECRET_aaaa_0005", "npm_TASKSECRET_bbbb_0006"
+    tasks = [{"id": "a", "task": "t", "env": {"env": {"NPM_TOKEN": token_a}}},
+             {"id": "b", "task": "t", "env": {"env": {"NPM_TOKEN": token_b}}},
+             {"id": "c", "task": "t"}]
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump(tasks))
+    # every task's command finds both tokens (here in the task file; in the audit, in /proc/*/environ)
+    finds = f"echo {SUBMIT_MARKER}; grep -a TASKSECRET {tmp_path / 'tasks.yaml'}; {FIND_ALL.replace('planted', 'TASKSECRET')}; true"
+    server.push(act(finds), act(finds), act(finds))
+    result = cli("batch", "tasks.yaml", "-o", "run", "-w", "2", "--base-url", server.base_url, "-m", "m",
+                 env={"OPENAI_API_KEY": KEY})
+    assert result.returncode == 0, result.stderr
+    for task_id in "abc":
+        text = (tmp_path / "run" / task_id / f"{task_id}.traj.json").read_text()
+        data = json.loads(text)
+        assert data["exit_status"] == "Submitted" and data["submission"].count("NPM_TOKEN: ***") == 2, task_id
+        assert token_a not in text and token_b not in text, f"{task_id}'s trajectory holds another task's token"
+    everything = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*") if p.is_file())
+    assert token_a not in everything + result.stdout + result.stderr
+    assert token_b not in everything + result.stdout + result.stderr
+
+
+def test_secret_names_are_recognised_however_they_are_written_and_harmless_ones_are_not():
+    from miniswe.redaction import secret_name
+
+    secret = ["PGPASSWORD", "GITHUBTOKEN", "GH_PAT", "GITHUB_PAT", "OPENAIKEY", "SSH_PASSPHRASE", "SECRET_ENV",
+              "GITLAB_TOKEN_ENV", "GITHUB_TOKEN", "apiKey", "api_key", "DB_PASSWORD", "DB_PASS", "authToken",
+              "AUTHORIZATION", "OAUTH_TOKEN", "AWS_SECRET_ACCESS_KEY", "PRIVATE_KEY", "clientSecret",
+              "GOOGLE_APPLICATION_CREDENTIALS", "HTTP_AUTH", "MYSQL_PWD", "SESSION_COOKIE", "npmAuth"]
+    harmless = ["PATH", "PYTHONPATH", "KEYBOARD", "KEYBOARD_LAYOUT", "MONKEY", "max_tokens", "TOKENIZERS_PARALLELISM",
+                "GIT_AUTHOR_NAME", "AUTHOR", "PWD", "OLDPWD", "HOME", "MODE", "temperature", "COMPAT", "BYPASS", "LANG"]
+    assert [name for name in secret if not secret_name(name)] == []
+    assert [name for name in harmless if secret_name(name)] == []
+
+
+STRADDLING = "ghp_STRADDLINGxTHExCUTx0007"
+
+
+def test_a_secret_the_capture_cut_goes_through_leaves_no_piece(cli, server, tmp_path):
+    a, b = "head -c 995 /dev/zero | tr '\\0' a", "head -c 3000 /dev/zero | tr '\\0' b"
+    # the head keeps 1000 bytes (995 a's and 5 of the token); the tail the last 1000 (10 of the token, then b's)
+    server.push(act(f'{a}; printf %s "$GITHUB_TOKEN"; {b}; printf %s "$GITHUB_TOKEN"; head -c 990 /dev/zero | tr "\\0" c'),
+                act(f"echo {SUBMIT_MARKER}"))
+    result = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", "t.json",
+                 "-c", f"environment.env.GITHUB_TOKEN={STRADDLING}", "-c", "environment.capture_limit=2000",
+                 env={"OPENAI_API_KEY": KEY})
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "t.json").read_text()
+    output = json.loads(text)["steps"][0]["output"]
+    assert json.loads(text)["steps"][0]["elided_chars"] > 0, "the capture did cut the output"
+    head, _, tail = output.partition("\n[...")
+    assert head == "a" * 995 + "***", head[-20:]
+    assert tail.split("]\n", 1)[1].startswith("***" + "c" * 990), tail[:80]
+    pieces = [STRADDLING[i:i + 4] for i in range(len(STRADDLING) - 3)]  # none of the audit's 10 characters, or 4
+    sent = json.dumps([request["body"] for request in server.requests])
+    assert [piece for piece in pieces if piece in text or piece in sent] == []
+
+
+def test_scrub_cut_masks_the_pieces_on_both_sides_of_a_cut():
+    from miniswe.redaction import Secrets
+
+    secrets = Secrets()
+    secrets.add(STRADDLING)
+    notice = "\n[... 7 bytes elided ...]\n"
+    assert secrets.scrub_cut("xx" + STRADDLING[:6] + notice + STRADDLING[-9:] + "yy", notice) == "xx***" + notice + "***yy"
+    assert secrets.scrub_cut("xx" + notice + "yy", notice) == "xx" + notice + "yy", "no piece: nothing changes"
+    assert secrets.scrub_cut(STRADDLING + "zz", "") == "***zz"
+
+
+SHORT_FLAGS = ["-cenvironment.env.API_KEY=xyz12", "-c", "environment={env: {PASSWORD: pw1}}",
+               "--config=environment.env.DB_TOKEN=tk9", "--config", "model={params: {api_key: k2}}"]
+
+
+def test_short_secrets_in_every_form_of_config_flag_are_masked_in_the_recorded_command_lines(cli, server, tmp_path):
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump([{"id": "a", "task": "t"}]))
+    server.push(act(f"echo {SUBMIT_MARKER}"))
+    result = cli("batch", "tasks.yaml", "-o", "run", "--base-url", server.base_url, "-m", "m", *SHORT_FLAGS,
+                 env={"OPENAI_API_KEY": KEY})
+    assert result.returncode == 0, result.stderr
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    report = (tmp_path / "run" / "report.md").read_text()
+    commands = [run["command"], *(i["command"] for i in run.get("invocations", [])), report]
+    for text in commands:
+        for short in ("xyz12", "pw1", "tk9", "k2"):
+            assert short not in text, (short, text)
+    argv = shlex.split(run["command"])
+    assert "-cenvironment.env.API_KEY=***" in argv and "--config=environment.env.DB_TOKEN=***" in argv
+    assert "environment={env: {PASSWORD: '***'}}" in argv and "model={params: {api_key: '***'}}" in argv
+
+
+def test_mask_command_line_knows_every_way_a_config_flag_is_written():
+    from miniswe.redaction import mask_command_line
+
+    assert mask_command_line(["-cenvironment.env.API_KEY=abc12", "-cagent.step_limit=3", "--config=model.params.api_key=x",
+                              "-c", "environment={env: {PASSWORD: pw1, MODE: fast}, run_args: [-e, TOKEN=t1]}",
+                              "-c", "model={name: gpt, api_key_env: MY_KEY}"]) == [
+        "-cenvironment.env.API_KEY=***", "-cagent.step_limit=3", "--config=model.params.api_key=***",
+        "-c", "environment={env: {MODE: fast, PASSWORD: '***'}, run_args: [-e, TOKEN=***]}",
+        "-c", "model={name: gpt, api_key_env: MY_KEY}"]
+
+
+def test_a_forked_run_takes_a_masked_model_param_back_from_the_environment_or_refuses(cli, server, tmp_path):
+    server.push(act("echo one"), act(f"echo {SUBMIT_MARKER}"))
+    first = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", "t.json",
+                "-c", f"model.params={{api_key: {PARAM}}}", env={"OPENAI_API_KEY": KEY})
+    assert first.returncode == 0, first.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["config"]["model"]["params"] == {"api_key": "***"}
+    refused = cli("run", "--fork", "t.json", "--from-step", "1", "-o", "f.json", "--force", env={"OPENAI_API_KEY": KEY})
+    assert refused.returncode == 2, refused.stderr
+    line = [text for text in refused.stderr.splitlines() if "API_KEY" in text]
+    assert len(line) == 1 and "model.params.api_key" in line[0] and "set API_KEY" in line[0], refused.stderr
+    assert not (tmp_path / "f.json").exists()
+    calls = len(server.requests)
+    server.push(act(f"echo {SUBMIT_MARKER}"))
+    forked = cli("run", "--fork", "t.json", "--from-step", "1", "-o", "f.json", "--force",
+                 env={"OPENAI_API_KEY": KEY, "API_KEY": PARAM})
+    assert forked.returncode == 0, forked.stderr
+    sent = server.requests[calls]["body"]
+    assert sent.get("api_key") == PARAM and "***" not in json.dumps(sent.get("api_key")), "the real value is sent again"
+    assert leaks(tmp_path, forked.stdout, forked.stderr) == []
+
+
+def test_restore_secrets_takes_masked_values_back_in_every_mapping(monkeypatch):
+    from miniswe.redaction import masked_left, restore_secrets
+
+    monkeypatch.setenv("API_KEY", "from-env-1234")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_from_env_5678")
+    monkeypatch.delenv("ORG_SECRET", raising=False)
+    data = restore_secrets({"model": {"params": {"api_key": "***", "extra": {"ORG_SECRET": "***"}}},
+                            "environment": {"env": {"GITHUB_TOKEN": "***"}, "run_args": ["-e", "GITHUB_TOKEN=***"]}})
+    assert data["model"]["params"]["api_key"] == "from-env-1234"
+    assert data["environment"] == {"env": {"GITHUB_TOKEN": "ghp_from_env_5678"}, "run_args": ["-e", "GITHUB_TOKEN=ghp_from_env_5678"]}
+    assert masked_left(data) == ("model.params.extra.ORG_SECRET", "ORG_SECRET")

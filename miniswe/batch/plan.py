@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from miniswe.batch.tasks import Task, TaskFile, problem_list
 from miniswe.config import Config, override
 from miniswe.errors import ConfigError, TaskFileError
+from miniswe.redaction import Secrets
 
 # Per-task config values that are paths, resolved against the task file's folder.
 PATH_KEYS = {("model", "script"), ("agent", "templates_dir")}
@@ -26,6 +27,8 @@ class Plan:
     trajectory: str  # absolute path of RUN_DIR/<id>/<id>.traj.json
     workspace: str | None  # the default per-task folder miniswe owns (wiped before each attempt); None for a given cwd
     resume: bool = False  # go on with the task's recorded run (it ended without a verdict) instead of starting over
+    # every secret the batch knows (all tasks'): each trajectory masks them all, not only its own task's
+    secrets: Secrets | None = field(default=None, repr=False, compare=False)
 
     @property
     def id(self) -> str:

@@ -18,9 +18,12 @@ import os
 import secrets
 import shutil
 import signal
+import select
 import socket
+import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 from miniswe.errors import SandboxError, UsageError
@@ -29,6 +32,14 @@ INSTALL = "pip install 'miniswe[ray]'"
 DEFAULT_RESOURCES = {"CPU": 1.0}
 TEMP_PREFIX = "miniswe-ray-"
 CONNECT_TIMEOUT_S = 10.0
+# A private cluster's temp dir holds files that say whose it is, readable from any user namespace (each
+# `unshare -r` makes one, and /proc/PID/fd cannot be read across them, while /proc/PID/stat can):
+OWNER = "owner"  # "PID STARTTIME" of the driver
+WATCHDOG = "watchdog"  # "PID STARTTIME" of the watchdog (see _watch)
+MEMBERS = "members"  # "scanned TICKS", then "PID STARTTIME" of each process of the cluster the watchdog has seen
+SCAN_S = 1.0  # how often the watchdog notes the cluster's processes
+CLOSE_GRACE_S = 1.0  # at close, how long what outlived ray.shutdown gets after SIGTERM
+STALE_GRACE_S = 2.0  # the same for what a killed driver left
 # What a private cluster's processes run with; the README's "Batches on a Ray cluster" lists the same.
 PRIVATE_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -77,6 +88,7 @@ class RayCluster:
         self.temp_dir: str | None = None
         self.worker_env: dict[str, str] = {}
         self._saved_env: dict[str, str | None] = {}
+        self._watchdog: subprocess.Popen | None = None
         try:
             if address:
                 self._connect(address)
@@ -108,8 +120,9 @@ class RayCluster:
         # short: Ray's unix sockets live below it, and a socket path may not exceed 107 bytes
         base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
         self.temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=base)
-        with open(os.path.join(self.temp_dir, "owner"), "w") as handle:
-            handle.write(str(os.getpid()))
+        with open(os.path.join(self.temp_dir, OWNER), "w") as handle:
+            handle.write(f"{os.getpid()} {_start_time(os.getpid())}")
+        self._watchdog = _start_watchdog(self.temp_dir)
         home = os.path.join(self.temp_dir, "home")
         os.makedirs(home)
         with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as handle:
@@ -165,8 +178,14 @@ class RayCluster:
                 os.environ[name] = value
         self._saved_env.clear()
         if self.temp_dir:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            # what outlived ray.shutdown is killed; the dir goes once nothing of the cluster is left
+            _clear(self.temp_dir, CLOSE_GRACE_S, careful=False)
             self.temp_dir = None
+        if self._watchdog is not None:  # it sees its pipe closed and the dir gone, and exits
+            with contextlib.suppress(Exception):
+                self._watchdog.stdin.close()
+                self._watchdog.wait(timeout=5)
+            self._watchdog = None
 
 
 def _check_reachable(address: str) -> None:
@@ -182,9 +201,65 @@ def _check_reachable(address: str) -> None:
                            "(no task was run)") from None
 
 
+
+
+# -- a private cluster's processes, found and killed whatever happened to its driver -------------------------------
+#
+# Killed with SIGKILL, a driver takes Ray's core processes with it (Ray starts them with PR_SET_PDEATHSIG), but
+# not the raylet's agents (ray::DashboardAgent, ray::RuntimeEnvAgent), which ignore SIGTERM and, retitled,
+# name nothing in their command line. So a watchdog beside the driver (its own session, reading a pipe the
+# driver holds) notes every process below the driver, with its start time, into the temp dir; once the pipe
+# closes with the dir still there (the driver died), it kills them all and removes the dir. Should the watchdog
+# die too, the next private cluster's start (_sweep_stale, maybe in another user namespace) does the same from
+# the notes; it removes the dir only once nothing that may be the cluster's is left.
+
+def _start_watchdog(temp_dir: str) -> subprocess.Popen | None:
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "from miniswe.batch.ray_cluster import _watch; _watch()",
+                                 temp_dir, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    except OSError:
+        return None  # _sweep_stale still clears up after a killed driver, by the driver's descendants it can see
+    with open(os.path.join(temp_dir, WATCHDOG), "w") as handle:
+        handle.write(f"{proc.pid} {_start_time(proc.pid)}")
+    return proc
+
+
+def _watch() -> None:
+    """The watchdog's process: `python -c ... TEMP_DIR DRIVER_PID`, stdin a pipe from the driver."""
+    temp_dir, driver = sys.argv[1], int(sys.argv[2])
+    for name in ("SIGINT", "SIGHUP", "SIGTERM"):  # a Ctrl-C, a closed terminal: the driver's to handle
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    members: dict[int, int] = {}
+    while True:
+        ready, _, _ = select.select([0], [], [], SCAN_S)
+        if ready and not os.read(0, 4096):
+            break  # the driver is gone, or done
+        if not os.path.isdir(temp_dir):
+            return
+        members = {pid: start for pid, start in members.items() if _start_time(pid) == start}
+        members.update((pid, start) for pid in _descendants(driver) if pid != os.getpid() and (start := _start_time(pid)))
+        _note_members(temp_dir, members)
+    if os.path.isdir(temp_dir):
+        members.update((pid, start) for pid in _descendants(driver) if pid != os.getpid() and (start := _start_time(pid)))
+        _note_members(temp_dir, members)
+        _clear(temp_dir, STALE_GRACE_S, careful=False)
+
+
+def _note_members(temp_dir: str, members: dict[int, int]) -> None:
+    lines = [f"scanned {_now_ticks()}", *(f"{pid} {start}" for pid, start in members.items())]
+    path = os.path.join(temp_dir, MEMBERS)
+    with contextlib.suppress(OSError):
+        with open(path + ".new", "w") as handle:
+            handle.write("\n".join(lines) + "\n")
+        os.replace(path + ".new", path)
+
+
 def _sweep_stale() -> None:
-    """Remove what private clusters whose driver was killed (kill -9) left behind: their temp dir, and the Ray
-    processes that outlive the driver (the raylet's agents), found by the files they hold open in it."""
+    """Clear what private clusters whose driver was killed (kill -9) left behind: their processes, then their
+    temp dir (see above)."""
     base = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
     with contextlib.suppress(OSError):
         for name in os.listdir(base):
@@ -192,34 +267,142 @@ def _sweep_stale() -> None:
             if not name.startswith(TEMP_PREFIX):
                 continue
             try:
-                with open(os.path.join(path, "owner")) as handle:
-                    pid = int(handle.read().strip())
                 if os.stat(path).st_uid != os.getuid():
                     continue
+                owner = _read_pid(os.path.join(path, OWNER))
             except (OSError, ValueError):
+                continue  # being made, or not a private cluster's
+            watchdog = _read_pid(os.path.join(path, WATCHDOG), missing_ok=True)
+            if _alive(*owner) or (watchdog and _alive(*watchdog)):
+                continue  # running, or its watchdog is clearing it
+            _clear(path, STALE_GRACE_S, careful=True)
+
+
+def _clear(temp_dir: str, grace: float, careful: bool) -> bool:
+    """Kill the processes of the private cluster of `temp_dir` (SIGTERM, SIGKILL after `grace`) and remove the dir.
+    `careful`: keep the dir (False) while a process that may be the cluster's cannot be told apart (a Ray process
+    of ours in another user namespace, started after the cluster's processes were last noted)."""
+    for _ in range(3):
+        members, unsure = _members_of(temp_dir)
+        if not members:
+            break
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+            for pid, start in members.items():
+                if _start_time(pid) == start:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, sig)
+            deadline = time.monotonic() + wait
+            while (members := {p: s for p, s in members.items() if _start_time(p) == s}) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not members:
+                break
+    members, unsure = _members_of(temp_dir)
+    if members or (careful and unsure):
+        return False
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    return True
+
+
+def _members_of(temp_dir: str) -> tuple[dict[int, int], bool]:
+    """({pid: start time} of the live processes of the cluster, whether some process may be one unseen)."""
+    noted: dict[int, int] = {}
+    scanned = 0
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(temp_dir, MEMBERS)) as handle:
+            for line in handle:
+                fields = line.split()
+                if len(fields) == 2 and fields[0] == "scanned":
+                    scanned = int(fields[1])
+                elif len(fields) == 2:
+                    noted[int(fields[0])] = int(fields[1])
+    born = 0  # the driver's start: the cluster's processes are younger
+    with contextlib.suppress(OSError, ValueError):
+        born = _read_pid(os.path.join(temp_dir, OWNER))[1]
+    scanned = scanned or born
+    skip = {os.getpid()}  # and the watchdog, which kills what it finds and removes the dir itself
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        skip.add(_read_pid(os.path.join(temp_dir, WATCHDOG), missing_ok=True)[0])
+    marks = ((temp_dir + os.sep).encode(), (temp_dir + "\0").encode())
+    found: dict[int, int] = {}
+    unsure = False
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in skip:
+            continue
+        pid = int(entry)
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+                continue
+            start = _start_time(pid)
+            if not start or start < born:
+                continue
+            if noted.get(pid) == start:
+                found[pid] = start
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                cmdline = handle.read()
+            if any(mark in cmdline for mark in marks):
+                found[pid] = start
                 continue
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                _kill_processes_of(path)
-                shutil.rmtree(path, ignore_errors=True)
-            except OSError:
-                pass  # alive, someone else's
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except PermissionError:  # in another user namespace: nothing says whose it is
+                unsure = unsure or (cmdline.startswith(b"ray::") and start >= scanned)
+                continue
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").encode().startswith(marks[0]):
+                        found[pid] = start
+                        break
+        except OSError:
+            continue
+    return found, unsure
 
 
-def _kill_processes_of(temp_dir: str) -> None:
-    # a private cluster's processes hold files open below its temp dir (their logs): Ray renames its
-    # processes, and overwrites their environment with the new name, so nothing else says whose they are
-    prefix = temp_dir + os.sep
+def _descendants(root: int) -> list[int]:
+    """The processes below `root` (not itself)."""
+    children: dict[int, list[int]] = {}
     with contextlib.suppress(OSError):
         for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                if os.stat(f"/proc/{entry}").st_uid != os.getuid():
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as handle:
+                        ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
                     continue
-                if not any(os.readlink(f"/proc/{entry}/fd/{fd}").startswith(prefix) for fd in os.listdir(f"/proc/{entry}/fd")):
-                    continue
-                os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                pass
+                children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def _start_time(pid: int) -> int:
+    """The process's start time (clock ticks since boot; 0 when it is gone): with its pid, it names one process.
+    /proc/PID/stat is readable from any user namespace."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _now_ticks() -> int:
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def _alive(pid: int, start: int) -> bool:
+    return _start_time(pid) == start if start else _start_time(pid) != 0
+
+
+def _read_pid(path: str, missing_ok: bool = False) -> tuple[int, int] | None:
+    """(pid, start time) from an OWNER or WATCHDOG file (an older miniswe wrote the pid alone: start time 0)."""
+    try:
+        with open(path) as handle:
+            fields = handle.read().split()
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
+    return int(fields[0]), int(fields[1]) if len(fields) > 1 else 0

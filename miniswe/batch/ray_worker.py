@@ -6,9 +6,9 @@ step with the hub's (a long poll: a stop or a 429's pause reaches every process 
 urgent stop reaches this process's cancellers: the running command, the model call in flight), and
 renderers built here from the templates dir (a Renderer does not travel). Events go to the hub without
 waiting; a task's result is returned once the hub has all its events. The trajectory is
-written on this node, under a scratch folder, and copied to the hub while the task runs (soon after it
-starts, then at most every SNAPSHOT_S) and returned whole with the record at the end; the driver writes
-it into the run directory.
+written on this node, under a scratch folder, and copied to the hub while the task runs (within COPY_POLL_S
+of each change, such as a completed step, but no sooner than COPY_S after the last copy, longer for a large
+file) and returned whole with the record at the end; the driver writes it into the run directory.
 """
 
 from __future__ import annotations
@@ -37,7 +37,10 @@ from miniswe.status import ExitStatus, Outcome
 from miniswe.templates import Renderer
 
 WATCH_S = 0.5  # the longest a busy worker process's watch on the hub waits (it answers at once on a change)
-SNAPSHOT_S = 5.0  # at most this often, a running task's trajectory is copied to the driver
+COPY_S = 0.5  # at most this often, a running task's trajectory is copied to the driver...
+COPY_BYTES_S = 1_000_000  # ...and at most this many bytes a second of it (a large trajectory goes less often)
+COPY_POLL_S = 0.1  # how often a busy worker process looks for a changed trajectory
+OWNERLESS_S = 300.0  # a task's scratch folder with no owner this long after it was made is a leftover
 SLOT_POLL_S = 0.25  # a caller waiting for a free model-call slot asks again this often
 SETTLE_S = 30.0  # the longest a finished task waits for the hub to have all its events
 SCRATCH_PREFIX = "miniswe-tasks-"  # $TMPDIR/miniswe-tasks-<batch>/<task id>/: a running task's files on its node
@@ -137,8 +140,11 @@ class WorkerSide:
         seen = -1
         while True:
             self.busy.wait()
+            call = self.hub.watch.remote(seen, WATCH_S)
             try:
-                seen, outcome, urgent, pauses = self.ray.get(self.hub.watch.remote(seen, WATCH_S))
+                while not self.ray.wait([call], timeout=COPY_POLL_S)[0]:
+                    self._send_copy()
+                seen, outcome, urgent, pauses = self.ray.get(call)
             except self.ray.exceptions.RayActorError:  # the hub is gone with its driver: nobody takes results now
                 self.stop.request(Outcome(ExitStatus.INTERRUPTED, "the batch's driver is gone"), urgent=True)
                 time.sleep(1.0)
@@ -147,10 +153,13 @@ class WorkerSide:
                 self.stop.request(outcome, urgent=urgent)
             for url, seconds in pauses.items():
                 self._gate(url, "").local.pause(seconds)
-            with self.lock:
-                copies = self.current.copy_due() if self.current else {}
-            if copies:
-                self.hub.report.remote([], copies)
+            self._send_copy()
+
+    def _send_copy(self) -> None:
+        with self.lock:
+            copies = self.current.copy_due() if self.current else {}
+        if copies:
+            self.hub.report.remote([], copies)
 
     def _gate(self, url: str, task_id: str) -> GateProxy:
         gate = self.gates.get(url)
@@ -174,17 +183,20 @@ class _Running:
     trajectory: str
     sent_at: float = 0.0
     sent_mtime: int = 0
+    gap: float = COPY_S  # the least time between two copies
 
     def copy_due(self) -> dict[str, tuple[int, bytes]]:
         """The trajectory's current bytes when it changed and the last copy is old enough (the first at once)."""
-        if self.sent_at and time.monotonic() - self.sent_at < SNAPSHOT_S:
+        if self.sent_at and time.monotonic() - self.sent_at < self.gap:
             return {}
         try:
-            mtime = os.stat(self.trajectory).st_mtime_ns
+            info = os.stat(self.trajectory)
         except OSError:
             return {}
+        mtime = info.st_mtime_ns
         if mtime == self.sent_mtime:
             return {}
+        self.gap = max(COPY_S, info.st_size / COPY_BYTES_S)
         data = _read(self.trajectory)
         if data is None:
             return {}
@@ -264,16 +276,29 @@ def _sweep_scratch() -> None:
             if not name.startswith(SCRATCH_PREFIX) or os.stat(root).st_uid != os.getuid():
                 continue
             for folder in os.listdir(root):
+                path = os.path.join(root, folder)
                 try:
-                    with open(os.path.join(root, folder, OWNER)) as handle:
+                    with open(os.path.join(path, OWNER)) as handle:
                         pid = int(handle.read().strip())
                     os.kill(pid, 0)
                 except ProcessLookupError:
-                    shutil.rmtree(os.path.join(root, folder), ignore_errors=True)
-                except (OSError, ValueError):
-                    pass  # alive, or not claimed yet
+                    shutil.rmtree(path, ignore_errors=True)
+                except (FileNotFoundError, ValueError):  # no owner (yet): a leftover once old enough
+                    if _age(path) > OWNERLESS_S:
+                        shutil.rmtree(path, ignore_errors=True)
+                except OSError:
+                    pass  # alive
             with contextlib.suppress(OSError):
                 os.rmdir(root)  # only when empty
+
+
+def _age(folder: str) -> float:
+    """Seconds since the folder or its owner file last changed (0 when unknown)."""
+    times = []
+    for path in (folder, os.path.join(folder, OWNER)):
+        with contextlib.suppress(OSError):
+            times.append(os.stat(path).st_mtime)
+    return time.time() - max(times) if times else 0.0
 
 
 def _read(path: str) -> bytes | None:

@@ -6,6 +6,7 @@ crashed, infrastructure failures) run again. `--redo failed|all|ID,...` widens t
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -94,6 +95,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         secrets.update(run_secrets(plan.config))
     add_secrets(secrets)
     run_dir.redact = secrets.scrub
+    plans = [dataclasses.replace(plan, secrets=secrets) for plan in plans]  # every trajectory masks them all
     renderers = check_plans(task_file, plans)
     check_endpoints(plans)
     docker = [p.config.environment.executable for p in plans if p.config.environment.kind == "docker"]

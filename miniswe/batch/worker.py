@@ -99,7 +99,7 @@ def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord
     ran = False
     common = {"evaluate": plan.task.evaluate, "renderer": services.renderer_for(plan.config.agent.templates_dir),
               "gate": services.gate_for(getattr(plan.config.model, "base_url", "")), "stop": services.stop,
-              "hooks": [Progress]}
+              "hooks": [Progress], "known_secrets": plan.secrets}
     try:
         services.emit(TaskStarted(plan.id))
         ran = True

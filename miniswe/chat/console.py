@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from miniswe.agent import HUMAN_THOUGHT
 from miniswe.display import step_status, trimmed
-from miniswe.output import visible
+from miniswe.output import PieceMasker, visible
 from miniswe.status import ExitStatus, Outcome
 
 # ANSI SGR codes of each kind of line
@@ -45,8 +45,13 @@ class Console:
         self.tty = _isatty(self.out)
         self._pending = False  # the pending status is on screen (and the cursor after it)
         self._streamed = False  # this reply came as deltas
+        self._mid_stream = False  # deltas came and the reply (or a cut) has not yet
         self._in_reasoning = False
         self._column = 0  # where the cursor is on the line the stream writes (0: at the start)
+        # a streamed reply is masked across its pieces: the end of a piece that may begin a secret waits for the
+        # next piece (or the end of the stream), shown in the palette it came in
+        self._masker = PieceMasker()
+        self._held_kind: str | None = None
 
     # -- painting --------------------------------------------------------------------------------------------
     def paint(self, kind: str, text: str) -> str:
@@ -57,6 +62,10 @@ class Console:
     def write(self, text: str, kind: str | None = None) -> None:
         """Every text chat shows (replies, streamed deltas, commands, outputs, notices) passes here, made
         `visible` before miniswe's own colours are added."""
+        self._release()
+        self._put(text, kind)
+
+    def _put(self, text: str, kind: str | None = None) -> None:
         self._clear_pending()
         text = visible(text)
         self.out.write(self.paint(kind, text) if kind else text)
@@ -69,11 +78,20 @@ class Console:
         self.write(text + "\n", kind)
 
     def notice(self, message: str) -> None:
-        self._in_reasoning = False  # a retry starts the stream over
+        self._cut()  # a retry starts the stream over
+        self._in_reasoning = False
         kind = "error" if ("retry" in message or "warning" in message or "error" in message) else "note"
         self.line(f"miniswe: {message}", kind)
 
+    def _cut(self) -> None:
+        """A stream that ends without its reply (cut off, to be retried, or stopped): its partial line says so."""
+        if self._mid_stream:
+            self._mid_stream = self._in_reasoning = False
+            self._masker.held = ""  # what may begin a secret is not shown half: a retry shows it whole
+            self._put(" [cut off]" if self._column else "[cut off]", "error")
+
     def _newline(self) -> None:
+        self._release()
         if self._column:
             self.write("\n")
 
@@ -84,15 +102,22 @@ class Console:
 
     # -- the stream ------------------------------------------------------------------------------------------
     def delta(self, kind: str, text: str) -> None:
-        self._streamed = True
+        self._streamed = self._mid_stream = True
         if kind == "reasoning":
             if not self._in_reasoning:
-                self._in_reasoning = True
                 self.line(REASONING_START, "marker")
-            self.write(text, "reasoning")
+                self._in_reasoning = True
+            shown = "reasoning"
         else:
             self._end_reasoning()
-            self.write(text)
+            shown = None
+        self._held_kind = shown
+        self._put(self._masker.feed(text), shown)
+
+    def _release(self) -> None:
+        """Show what the masker held back of the stream (its end: whatever comes next is no part of it)."""
+        if self._masker.held:
+            self._put(self._masker.flush(), self._held_kind)
 
     def _end_reasoning(self) -> None:
         if self._in_reasoning:
@@ -101,7 +126,8 @@ class Console:
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def before_model_call(self, event: Any) -> None:
-        self._streamed = False
+        self._release()
+        self._streamed = self._mid_stream = False
         if self.tty:
             self._newline()
             self.out.write(self.paint("pending", PENDING))
@@ -110,6 +136,8 @@ class Console:
 
     def after_reply(self, event: Any) -> None:
         reply = event.reply
+        self._mid_stream = False
+        self._release()
         self._clear_pending()
         if reply.content.startswith(HUMAN_THOUGHT):
             return  # the person typed it: nothing to show
@@ -148,6 +176,7 @@ class Console:
 
     def outcome(self, outcome: Outcome | None, usage: Any, steps: int) -> None:
         """The end of a turn: how it ended and what it cost."""
+        self._cut()
         if outcome is None:
             return
         cost = f"{steps} step{'s' if steps != 1 else ''} · {usage.total_tokens:,} tokens · ${usage.cost:.4f}"

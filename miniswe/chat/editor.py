@@ -71,12 +71,45 @@ class ToolkitEditor:
                                   prompt_continuation=continuation, enable_open_in_editor=True)
         self.answers = PromptSession(key_bindings=keys, prompt_continuation=continuation, enable_open_in_editor=True)
 
+        self._app = None  # the application of the prompt being read, if one is
+        self._interrupted: BaseException | None = None
+
     def read(self, prompt: str, *, default: str = "", main: bool = False) -> str:
         from prompt_toolkit.formatted_text import FormattedText
 
         text = FormattedText([("bold" if self.color else "", prompt)])
         session = self.main if main else self.answers
-        return session.prompt(text, default=default)
+        self._interrupted = None
+        self._app = session.app
+        try:
+            return session.prompt(text, default=default, pre_run=self._exit_if_interrupted)
+        finally:
+            self._app = None
+            interrupted, self._interrupted = self._interrupted, None
+            if interrupted is not None:
+                raise interrupted  # noqa: B012  (it wins over the line read, or a Ctrl-C)
+
+    def interrupt(self, exception: BaseException) -> bool:
+        """From a signal handler: end the prompt being read, making `read` raise `exception`; False when no prompt
+        is being read. Raising inside prompt_toolkit's loop (a redraw, a key read) would leave it hanging on
+        "Press ENTER to continue...": its application is asked to exit from its own loop instead, or at its
+        start (`pre_run`) if that has not come yet; a prompt that has just ended raises it on its way out."""
+        app = self._app
+        if app is None:
+            return False
+        self._interrupted = exception
+        loop = app.loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._exit_if_interrupted)
+            except RuntimeError:  # the loop closed: `read` raises it on its way out
+                pass
+        return True
+
+    def _exit_if_interrupted(self) -> None:
+        app, exception = self._app, self._interrupted
+        if app is not None and exception is not None and app.future is not None and not app.future.done():
+            app.exit(exception=exception)
 
 
 class ReadlineEditor:

@@ -74,6 +74,7 @@ class Repl:
         self.console = console
         self.approval = approval
         self.stop = stop
+        self.loaded = False  # a session was loaded and no turn has run since
 
     @property
     def mode(self) -> str:
@@ -81,7 +82,7 @@ class Repl:
 
     def loop(self) -> int:
         self._banner()
-        with _leave_on_signals():
+        with _leave_on_signals(self.editor):
             try:
                 while True:
                     try:
@@ -115,6 +116,7 @@ class Repl:
         """Run a turn (or a compaction) with Ctrl-C, SIGTERM and SIGHUP stopping it at once; then the prompt is
         back, unless the signal was one that ends the chat."""
         steps = len(self.session.trajectory.steps)
+        self.loaded = False
         try:
             with SignalHandlers(self.stop, first_urgent=True) as handlers:
                 result = work()
@@ -175,6 +177,7 @@ class Repl:
         if not argument:
             raise UsageError("/load ID: give a session id (or a unique prefix, or autosave); /list shows them")
         loaded, kept = self.session.load(argument)
+        self.loaded = True
         if kept:
             self.console.line(f"this session was saved as {kept} first", "note")
         trajectory = self.session.trajectory
@@ -202,6 +205,9 @@ class Repl:
         self.console.line(f"this session: {usage.model_calls} model calls, {usage.total_tokens:,} tokens "
                           f"({usage.prompt_tokens:,} prompt, {usage.completion_tokens:,} completion, "
                           f"{usage.cached_tokens:,} cached), ${usage.cost:.4f}, {usage.retries} retries")
+        if self.loaded:  # the loaded session's usage is all from before: no turn of it is "the last" here
+            self.console.line("last turn: none yet since /load")
+            return
         turn = self.session.turn_usage()
         self.console.line(f"last turn: {turn.model_calls} model calls, {turn.total_tokens:,} tokens, ${turn.cost:.4f}")
 
@@ -217,6 +223,9 @@ def _is_command(text: str) -> bool:
 class _leave_on_signals:
     """At the prompt, SIGTERM and SIGHUP end the chat (after saving); during a turn its own handlers take over."""
 
+    def __init__(self, editor: Any):
+        self.editor = editor
+
     def __enter__(self) -> None:
         self.previous = {}
         for name in ("SIGTERM", "SIGHUP"):
@@ -228,6 +237,9 @@ class _leave_on_signals:
         for number, previous in self.previous.items():
             signal.signal(number, previous)
 
-    @staticmethod
-    def _handle(signum: int, frame: object) -> None:
-        raise Leave(128 + signum)
+    def _handle(self, signum: int, frame: object) -> None:
+        leave = Leave(128 + signum)
+        interrupt = getattr(self.editor, "interrupt", None)
+        if interrupt is not None and interrupt(leave):
+            return  # the prompt being read ends with it (prompt_toolkit must not see it raised in its loop)
+        raise leave

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import os
 import re
 import resource
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from miniswe.environments.containers import (
     says_no_such_image,
 )
 from miniswe.environments.execstep import KEEPER, ExecPerStep
-from miniswe.environments.executor import BOOT
+from miniswe.environments.executor import BOOT, NAME
 from miniswe.environments.local import QUIET_ENV
 from miniswe.environments.resident import HEARTBEAT_S, Resident, StartFailed
 from miniswe.environments.runargs import read_run_args
@@ -115,7 +117,9 @@ class DockerEnvironment:
         self.mode = ""  # "executor" or "exec" once started
         self._runner: Resident | ExecPerStep | None = None
         self._gone: str | None = None
+        self._commands = 0  # commands that ran to an end (a result without a sandbox error)
         self._started = time.monotonic()
+        self._started_wall = time.time()
         _LIVE[self.name] = (self.exe, os.getpid())
         try:
             self._start()
@@ -282,10 +286,44 @@ class DockerEnvironment:
             raise SandboxError("the docker environment is closed")
         if self._gone:
             raise SandboxError(self._gone)
-        result = self._runner.execute(command, timeout)
+        try:
+            result = self._runner.execute(command, timeout)
+        except SandboxError as error:
+            raise self._wrecked(error) from None
         if result.sandbox_error:
             self._gone = result.sandbox_error
+        elif not result.interrupted:
+            self._commands += 1
         return result
+
+    def _wrecked(self, error: SandboxError) -> SandboxError:
+        """bash cannot start in a container that still runs, after a command of this run ran there: that
+        command (the previous one; nothing it started outlives a step) broke the container, not the machinery.
+        The error then says so and carries `by_agent_command` (its number among this environment's commands)."""
+        if not self._commands or self._gone:
+            return error
+        if self.mode == "executor":
+            broken = (getattr(error, "problem", None) or {}).get("what") in ("exec", "cwd")
+        else:
+            text = str(error)
+            broken = text.startswith((f"{self.tool} exec failed", "cannot start bash in the working directory"))
+        if not broken:
+            return error
+        n = self._commands
+        problem = getattr(error, "problem", None) or {}
+        since = f"since command {n} (the previous one) ran"
+        if problem.get("what") == "cwd":
+            what = (f"cannot start bash in the working directory {problem.get('path', '')} {since} "
+                    f"({problem.get('message', '')}: a command removed or replaced it)")
+        elif problem:
+            what = f"bash cannot start there {since} ({problem.get('message', '')}: a command removed or broke it)"
+        else:
+            what = f"bash cannot start there {since} ({str(error).removesuffix('; the run cannot continue')})"
+        wrecked = SandboxError(f"the run's own command broke container {self.name}: {what}; the run cannot continue, "
+                               "and running the task again would only repeat it")
+        wrecked.by_agent_command = n  # type: ignore[attr-defined]
+        self._gone = str(wrecked)
+        return wrecked
 
     def interrupt(self) -> None:
         runner = self._runner
@@ -315,13 +353,17 @@ class DockerEnvironment:
                 self._gone = stopped
             return stopped
         name = self.name
-        if state.returncode and ("no such" in state.stderr.lower() or "no container with" in state.stderr.lower()):
+        client = None if status[:1] == ["paused"] else self._client_killed()
+        if client:
+            self._gone = client
+        elif state.returncode and ("no such" in state.stderr.lower() or "no container with" in state.stderr.lower()):
             lived = time.monotonic() - self._started
             if lived >= self.config.container_lifetime - 1:
                 how = f"it reached environment.container_lifetime ({self.config.container_lifetime:g}s) and removed itself"
             else:
-                how = "removed from outside while the run was using it"
-            self._gone = f"container {name} is gone ({how}); the run cannot continue"
+                how = self._how_removed()
+            self._gone = (f"container {name} {how}; the run cannot continue" if how.startswith("was ")
+                          else f"container {name} is gone ({how}); the run cannot continue")
         elif state.returncode:
             self._gone = self._engine_lost(first_line(state.stderr))
         elif status[0] == "paused":
@@ -336,13 +378,69 @@ class DockerEnvironment:
                           "the run cannot continue")
         return self._gone
 
+    def _client_killed(self) -> str | None:
+        """miniswe's own `run -i` client ended by a signal (SIGKILL from someone on this host): the executor
+        saw its stdin end and ended the container, which --rm then removed."""
+        runner = self._runner
+        if self.mode != "executor" or not isinstance(runner, Resident):
+            return None
+        try:
+            code = runner.proc.wait(timeout=1)  # its stream ended: it is ending or ended
+        except subprocess.TimeoutExpired:
+            return None
+        if code >= 0:
+            return None
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = f"signal {-code}"
+        return (f"miniswe's attached `{self.tool} run -i` client of container {self.name} (pid {runner.proc.pid}) was "
+                f"killed from outside ({sig}); the container ended with it; the run cannot continue")
+
+    def _how_removed(self) -> str:
+        """Removed under the run: the engine's recent events tell a kill (`docker kill`, or `docker rm -f`,
+        which kills first: the engine records both alike) from a main process that ended on its own."""
+        try:
+            if self.tool == "podman":  # reads no fractional timestamps; a duration and no stream instead
+                span = ["--since", f"{int(time.time() - self._started_wall) + 2}s", "--stream=false"]
+            else:  # absolute times: a duration's `--until 0s` leaves out the last second
+                span = ["--since", f"{self._started_wall - 1:.3f}", "--until", f"{time.time():.3f}"]
+            found = engine_call(self.exe, "events", *span, "--filter", f"container={self.name}",
+                                "--format", "{{json .}}", timeout=5)
+        except SandboxError:
+            found = None
+        signals, code = [], None
+        for line in (found.stdout.splitlines() if found is not None and not found.returncode else []):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            action = str(event.get("Action") or event.get("Status") or event.get("status") or "").lower()
+            attributes = (event.get("Actor") or {}).get("Attributes") or event.get("Attributes") or {}
+            if action == "kill":
+                signals.append(str(attributes.get("signal") or "?"))
+            elif action in ("die", "died"):
+                code = attributes.get("exitCode", event.get("ContainerExitCode"))
+        killed = bool(signals)
+        signals = [number for number in signals if number != "?"]  # podman names no signal
+        if not signals and code is not None and str(code).isdigit() and int(code) > 128:
+            signals = [str(int(code) - 128)]  # died of a signal, not sent by itself (podman's rm -f records no kill)
+        if killed or signals:
+            which = " then ".join(dict.fromkeys(signals))
+            by = f" by signal {which}" if which else ""
+            return (f"was killed from outside{by} (`{self.tool} kill`, or `{self.tool} rm -f` which kills first; "
+                    "the engine records both alike) while the run was using it, and is gone")
+        if code is not None:
+            return f"its main process ended (exit code {code}) and it was removed"
+        return "removed from outside while the run was using it"
+
     def _executor_stopped(self, pid: str) -> str | None:
         """The engine says "running", but the executor may be stopped (SIGSTOP from this host): its heartbeats
         would never come back. Only looked at when that pid on this host is the executor (a remote engine's is not)."""
         if self.mode != "executor" or not pid.isdigit():
             return None
         try:
-            if b"miniswe's executor" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if NAME not in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return None
             state = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
         except (OSError, IndexError):

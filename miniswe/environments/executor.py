@@ -46,6 +46,7 @@ PROLOGUE = 'eval "$(IFS= read -r -d "" -u 3 c; printf %s "$c")" 3<&-'
 CHUNK = 1 << 16
 PENDING_MAX = 1 << 20  # bytes queued for the host before the command's pipe is left unread (backpressure)
 SCAN_ROUNDS = 200  # stop-the-world rounds of a sweep, ample for a fork bomb within a pids limit
+NAME = b"miniswe-executor"  # PID 1's name and command line once it runs (see _rename)
 DRAIN_S = 1.0  # after the sweep, how long the rest of the output may take to arrive
 
 BOOT = (
@@ -554,8 +555,23 @@ def _harden():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come back here even when not PID 1
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace or /proc/1/mem for the commands
+        _rename(ctypes, libc)
     except Exception:
         pass
+
+
+def _rename(ctypes, libc):
+    """Show as NAME, not as `python3 ... import os ...`: a command's `pkill python3`, `pgrep -f import` or
+    `killall python3` must find no process of miniswe's. The name (comm) by prctl; the command line by
+    overwriting the argv area in place (what /proc/PID/cmdline reads), as setproctitle does."""
+    libc.prctl(15, ctypes.c_char_p(NAME), 0, 0, 0)  # PR_SET_NAME: comm, cut to 15 bytes by the kernel
+    with open("/proc/self/stat", "rb") as stat:
+        raw = stat.read()
+    fields = raw[raw.rfind(b")") + 2 :].split()  # fields from the 3rd (state) on
+    start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
+    if end - start > len(NAME):
+        ctypes.memset(start, 0, end - start)
+        ctypes.memmove(start, NAME, len(NAME))
 
 
 def main():

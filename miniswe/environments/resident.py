@@ -177,7 +177,10 @@ class Resident:
                         return self._result(buffer, started, None, interrupted=True)
                     return self._result(buffer, started, None if late else end["rc"], timed_out=late or end["timed_out"])
                 elif kind == ERROR:
-                    raise SandboxError(self._start_problem(json.loads(payload)))
+                    problem = json.loads(payload)
+                    error = SandboxError(self._start_problem(problem))
+                    error.problem = problem  # type: ignore[attr-defined]  (see DockerEnvironment._wrecked)
+                    raise error
                 elif kind != BEAT:
                     self.broken = f"unexpected frame {kind!r} from miniswe's executor in container {self.name}"
                     raise SandboxError(self.broken)
@@ -193,14 +196,17 @@ class Resident:
             raise SandboxError(why)
         return self._result(buffer, started, None, sandbox_error=why)
 
-    def _client_stopped(self) -> str | None:
-        """Our own client stopped (SIGSTOP by someone on this host) forwards nothing: say so instead of waiting."""
+    def _stopped(self) -> bool:
         try:
             with open(f"/proc/{self.proc.pid}/stat", "rb") as stat:
                 state = stat.read().rpartition(b")")[2].split()[0]
         except (OSError, IndexError):
-            return None
-        if state not in (b"T", b"t"):
+            return False
+        return state in (b"T", b"t")
+
+    def _client_stopped(self) -> str | None:
+        """Our own client stopped (SIGSTOP by someone on this host) forwards nothing: say so instead of waiting."""
+        if not self._stopped():
             return None
         self.broken = (f"the attached client of container {self.name} (pid {self.proc.pid}) was stopped from outside "
                        "(SIGSTOP); the run cannot continue")
@@ -322,6 +328,8 @@ class Resident:
         except OSError:
             pass
         try:
+            if self._stopped():  # a stopped client (SIGSTOP) would never end by itself
+                self.proc.kill()
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.proc.kill()

@@ -4,6 +4,8 @@ value, and `-e NAME=value` (taken out of argv, where every local user could read
 
 from __future__ import annotations
 
+import csv
+import os
 from dataclasses import dataclass, field
 
 from miniswe.errors import ConfigError
@@ -37,6 +39,34 @@ OWNED = {
 }  # fmt: skip
 
 ENGINE_SOCKETS = ("docker.sock", "podman.sock", "containerd.sock")
+# Where engines listen by default; DOCKER_HOST / CONTAINER_HOST / XDG_RUNTIME_DIR add the one in use.
+DEFAULT_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman/podman.sock",
+                   "/run/containerd/containerd.sock")
+SOCKET_DIRS = ("/var/run", "/run")  # the usual home of every daemon's socket
+
+# --cap-add values that undo what keeps commands inside (names without CAP_, lower case).
+CAPABILITIES = {
+    "all": "gives commands every capability, nearly the powers of --privileged",
+    "sys_admin": "gives commands nearly the powers of --privileged (mount, namespaces, ...)",
+    "sys_ptrace": "lets commands ptrace miniswe's executor (PID 1) and read its memory and descriptors",
+    "dac_read_search": "lets commands open files of the host by handle (open_by_handle_at), outside the container",
+    "sys_module": "lets commands load modules into the host's kernel",
+    "sys_rawio": "gives commands raw access to the host's devices and memory",
+}
+# --security-opt NAME=unconfined (or label=disable): the kernel-side confinement the executor relies on.
+SECURITY_OPTS = {
+    "seccomp": "turns off the seccomp filter that blocks the kernel calls a command could escape with",
+    "apparmor": "turns off the AppArmor profile that confines the commands",
+    "systempaths": "unmasks /proc and /sys paths of the host's kernel to the commands",
+    "label": "turns off the SELinux labels that confine the commands",
+}
+# --NAME=host: the host's namespace shared with the commands.
+HOST_NAMESPACES = {
+    "--ipc": "shares the host's IPC namespace: commands could read and change other processes' shared memory",
+    "--userns": "turns off user-namespace remapping: root in the container is root on this machine",
+    "--uts": "shares the host's UTS namespace (hostname) with the commands",
+    "--cgroupns": "shares the host's cgroup namespace: commands see and address the host's cgroup tree",
+}
 
 
 @dataclass(frozen=True)
@@ -62,8 +92,9 @@ def read_run_args(run_args: list[str], *, allow_unsafe: bool = False) -> RunArgs
         if not arg.startswith("-") or arg == "-":
             args.append(arg)  # a stray positional: the engine says what it took it for
             continue
-        if arg.startswith("-e") and not arg.startswith("--") and len(arg) > 2:
-            arg = "-e=" + arg[2:]  # -eNAME=value: a short option with its value attached
+        raw = arg
+        if arg[:2] in ("-e", "-v") and not arg.startswith("--") and len(arg) > 2 and arg[2] != "=":
+            arg = arg[:2] + "=" + arg[2:]  # -eNAME=value, -v/src:/dst: a short option with its value attached
         name, eq, value = arg.partition("=")
         if name.startswith("-") and not name.startswith("--") and len(name) > 2 and not eq:
             shorts = [f"-{c}" for c in name[1:]]  # -it: flags written together
@@ -71,7 +102,7 @@ def read_run_args(run_args: list[str], *, allow_unsafe: bool = False) -> RunArgs
                 _owned(shorts[0], arg)
         if name in OWNED and not (name == "--rm" and value.lower() == "false"):
             _owned(name, arg)
-        shown = arg
+        shown = raw
         if name in TAKES_VALUE and not eq:
             if i >= len(run_args) or (str(run_args[i]).startswith("--") and name not in ("--health-cmd",)):
                 raise ConfigError(f"environment.run_args: {name} needs a value (write [{name}, VALUE] or {name}=VALUE)")
@@ -93,7 +124,7 @@ def read_run_args(run_args: list[str], *, allow_unsafe: bool = False) -> RunArgs
                     f"environment.run_args: {shown} {risk}; set environment.allow_unsafe_run_args: true if you mean it"
                 )
         shares_pids = shares_pids or (name == "--pid" and value.lower() != "private")
-        args.append(arg)
+        args.append(raw)
         if name in TAKES_VALUE and not eq:
             args.append(value)
     return RunArgs(args, env, forward, unsafe, shares_pids)
@@ -108,12 +139,76 @@ def _risk(name: str, value: str, has_value: bool) -> str | None:
         return "shares the host's network namespace: commands could reach every service listening on this machine"
     if name == "--privileged" and (not has_value or lowered not in ("false", "0")):
         return "gives commands full access to the host's devices and kernel settings"
-    if name in ("--ipc", "--userns") and lowered == "host":
-        return f"shares the host's {name[2:]} namespace with the container's commands"
-    if name == "--cap-add" and lowered.removeprefix("cap_") in ("all", "sys_admin"):
-        return "gives commands nearly the powers of --privileged"
-    if name in ("-v", "--volume", "--mount") and any(sock in value for sock in ENGINE_SOCKETS):
-        return "hands the container engine to the commands, which could then start anything on this machine"
+    if name in HOST_NAMESPACES and lowered == "host":
+        return HOST_NAMESPACES[name]
+    if name == "--cap-add":
+        for cap in lowered.replace(" ", "").split(","):
+            why = CAPABILITIES.get(cap.removeprefix("cap_"))
+            if why:
+                return why
+    if name == "--security-opt":
+        key, _, setting = lowered.replace(":", "=", 1).partition("=")
+        if key in SECURITY_OPTS and setting in ("unconfined", "disable"):
+            return SECURITY_OPTS[key]
+    if name in ("-v", "--volume"):
+        source, bound, _ = value.partition(":")  # -v /path alone is an anonymous volume at that container path
+        if bound and source.startswith((".", "/", "~")):  # else a named volume
+            return _host_path_risk(source)
+        return None
+    if name == "--mount":
+        return _mount_risk(value)
+    return None
+
+
+def _mount_risk(value: str) -> str | None:
+    """--mount type=bind,source=PATH,... (src=, or a local volume bound to a device=PATH)."""
+    try:
+        fields = next(csv.reader([value]))
+    except (csv.Error, StopIteration):
+        fields = value.split(",")
+    options = [field.partition("=") for field in fields]
+    kind = next((v.strip().lower() for k, _, v in options if k.strip().lower() == "type"), "volume")
+    for key, _, path in options:
+        key = key.strip().lower()
+        if (kind == "bind" and key in ("source", "src")) or (key == "volume-opt" and path.startswith("device=")):
+            risk = _host_path_risk(path.removeprefix("device=") if key == "volume-opt" else path)
+            if risk:
+                return risk
+    return None
+
+
+def engine_sockets() -> list[str]:
+    """Paths of the engine sockets on this machine: the defaults, and the ones the environment points to."""
+    found = list(DEFAULT_SOCKETS)
+    for variable in ("DOCKER_HOST", "CONTAINER_HOST"):
+        address = os.environ.get(variable, "")
+        if address.startswith("unix://"):
+            found.append(address.removeprefix("unix://"))
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        found += [os.path.join(runtime, "docker.sock"), os.path.join(runtime, "podman", "podman.sock")]
+    return found
+
+
+def _host_path_risk(source: str) -> str | None:
+    """Why binding the host path `source` hands the machine to the commands: the root, or a folder that
+    holds an engine's socket (or the socket itself). Relative paths as the engine's client reads them."""
+    if source.startswith("~"):
+        source = os.path.expanduser(source)
+    literal = os.path.normpath(os.path.join(os.getcwd(), source))
+    paths = {literal, os.path.realpath(literal)}
+    if "/" in paths:
+        return "binds the host's root directory into the container: commands could read and change anything on this machine"
+    sockets = engine_sockets()
+    homes = {os.path.dirname(sock) for sock in sockets} | set(SOCKET_DIRS)
+    homes |= {os.path.realpath(home) for home in homes}
+    sockets_resolved = set(sockets) | {os.path.realpath(sock) for sock in sockets}
+    for path in paths:
+        inside = path + "/"
+        if (path in sockets_resolved or any(sock in os.path.basename(path) for sock in ENGINE_SOCKETS)
+                or any(home == path or home.startswith(inside) for home in homes)):
+            return ("binds the host's container engine socket (or a folder holding it) into the container: commands "
+                    "could drive the engine and start anything on this machine")
     return None
 
 

@@ -133,6 +133,11 @@ def _write_html(path: str, page: str, what: str) -> None:
 
     if os.path.isdir(path):
         raise UsageError(f"--html {path}: is a directory; give a file path such as {os.path.join(path, 'run.html')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)  # a page into a new folder: made, as `-o` does for a trajectory
+    except OSError as error:
+        raise UsageError(f"--html {path}: cannot create its folder {folder}: {error.strerror or error}") from None
     size = write_page(path, page)
     shown = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} KB"
     print(f"miniswe: wrote {path} ({shown}{', ' + what if what else ''}); open it in a browser", file=sys.stderr)

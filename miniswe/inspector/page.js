@@ -67,6 +67,7 @@
     var kind = s.returncode === 0 && !s.error ? "s-ok" : s.error ? "s-bad" : "muted";
     var out = [el("span", { class: "badge " + kind }, s.status)];
     if (s.elided_chars) out.push(el("span", { class: "badge s-warn" }, int(s.elided_chars) + " bytes not kept"));
+    if (s.proposed !== null && s.proposed !== undefined) out.push(el("span", { class: "badge s-warn" }, "command changed"));
     return out;
   }
   function facts(rows) {
@@ -97,12 +98,17 @@
       h.resolved === null || h.resolved === undefined ? null : ["resolved", resolvedText(h.resolved), h.resolved ? "s-ok" : "s-bad"],
       ["steps", counts.join(" · ")],
       ["tokens", (u.total_tokens === null ? "not recorded" : int(u.total_tokens) + " (prompt " + int(u.prompt_tokens) + " · completion " + int(u.completion_tokens) + ")") + " · " + plural(u.model_calls, "model call")],
-      ["cost", money(u.cost)],
+      ["cost", u.cost === null || u.cost === undefined ? "not recorded" : money(u.cost)],
       ["wall time", secs(h.wall_s) + (h.started ? " (" + h.started + " → " + (h.ended || "still running") + ")" : "")],
       ["config", config || "—"],
       ["file", h.path + " (" + h.source + ")"],
       h.not_recorded.length ? ["not recorded", h.not_recorded.join("; "), "note"] : null,
-    ].concat(h.notes.map(function (n) { return ["note", n, "note"]; }))));
+      h.parent ? ["forked", "from " + h.parent.trajectory + " at step " + h.parent.from_step + (h.parent.run_id ? " (run " + h.parent.run_id + ")" : "")] : null,
+      h.pending !== null && h.pending !== undefined ? ["in flight", "step " + h.pending + ": its command never finished (the run was killed)", "note"] : null,
+    ].concat((h.resumes || []).map(function (r) {
+      var changed = Object.keys(r.changes || {});
+      return ["resumed", "at " + r.at + " after step " + r.from_step + (changed.length ? " · changed " + changed.join(", ") : "") + (r.diverged ? " · replay diverged: " + r.diverged : "")];
+    })).concat(h.notes.map(function (n) { return ["note", n, "note"]; }))));
     if (String(h.task).indexOf("\n") >= 0 || String(h.task).length > 300) root.appendChild(details("Task", el("pre", null, h.task)));
     if (h.exit_detail && h.exit_detail.trim().indexOf("\n") >= 0) root.appendChild(details("Exit detail", el("pre", null, h.exit_detail)));
     if (h.submission !== null && h.submission !== undefined) {
@@ -175,8 +181,8 @@
 
   function stepBody(s, query) {
     var body = el("div", { class: "body" });
-    var meta = [s.format_error ? s.status + ": nothing ran" : s.returncode === null && !s.timed_out && !s.aborted ? "return code not recorded" : s.status];
-    if (!s.format_error) meta.push("ran " + secs(s.duration_s));
+    var meta = [s.format_error ? s.status + ": nothing ran" : s.pending ? s.status + ": the run was killed while this command ran; no output was recorded" : s.returncode === null && !s.timed_out && !s.aborted ? "return code not recorded" : s.status];
+    if (!s.format_error && !s.pending) meta.push("ran " + secs(s.duration_s));
     meta.push(int(s.tokens) + " tokens (prompt " + int(s.prompt_tokens) + " · completion " + int(s.completion_tokens) + ")");
     if (s.cost) meta.push(money(s.cost));
     if (s.latency_s) meta.push("model " + secs(s.latency_s));
@@ -184,6 +190,11 @@
     body.appendChild(el("div", { class: "muted" }, meta.join(" · ")));
     if (s.reasoning) body.appendChild(details("Reasoning", el("div", { class: "thought muted" }, marked(s.reasoning, query))));
     if (s.thought) body.appendChild(el("div", { class: "thought" }, marked(s.thought, query)));
+    if (s.proposed !== null && s.proposed !== undefined) {
+      body.appendChild(el("div", { class: "label" }, "Proposed by the model (changed before it ran)"));
+      body.appendChild(el("pre", { class: "command proposed" }, "$ ", marked(s.proposed, query)));
+      body.appendChild(el("div", { class: "label" }, "What ran"));
+    }
     if (s.command !== null) body.appendChild(el("pre", { class: "command" }, "$ ", marked(s.command, query)));
     if (s.observation !== null) {
       body.appendChild(el("div", { class: "label" }, s.format_error ? "What the model was told" : "Output as the model saw it"));
@@ -220,18 +231,22 @@
       t.evaluated ? card((100 * t.resolved_rate).toFixed(1) + "%", "resolved " + t.resolved + " of " + t.evaluated) : null,
       card(int(t.tokens), "tokens"), card(money(t.cost), "cost"), card(secs(t.wall_s), "wall time (sum)"));
     root.appendChild(cards);
+    var byStatus = {};
+    Object.keys(t.by_status).forEach(function (k) { byStatus[k] = t.by_status[k]; });
+    if (t.unfinished) byStatus["unfinished"] = t.unfinished;  // began, no ledger line: the batch stopped while it ran
+    if (t.not_run) byStatus["not run"] = t.not_run;  // selected, never started
     var chips = el("div", null, el("span", { class: "muted" }, "by status: "));
-    Object.keys(t.by_status).forEach(function (status) {
+    Object.keys(byStatus).forEach(function (status) {
       chips.appendChild(el("button", { type: "button", class: "chip " + statusClass(status) + (batchState.status === status ? " on" : ""), onclick: function () {
         batchState.status = batchState.status === status ? "" : status; statusSelect.value = batchState.status; refresh();
         Array.prototype.forEach.call(chips.querySelectorAll("button"), function (b) { b.classList.toggle("on", b.textContent.indexOf(batchState.status + " ") === 0 && !!batchState.status); });
-      } }, status + " " + t.by_status[status]));
+      } }, status + " " + byStatus[status]));
     });
     root.appendChild(chips);
 
     var text = el("input", { type: "search", placeholder: "Filter tasks by id or detail", "aria-label": "filter tasks", value: batchState.text });
     var statusSelect = el("select", { "aria-label": "exit status" }, el("option", { value: "" }, "every status"),
-      Object.keys(t.by_status).map(function (s) { return el("option", { value: s }, s); }));
+      Object.keys(byStatus).map(function (s) { return el("option", { value: s }, s); }));
     statusSelect.value = batchState.status;
     var resolvedSelect = el("select", { "aria-label": "resolved" }, el("option", { value: "" }, "resolved or not"),
       el("option", { value: "yes" }, "resolved"), el("option", { value: "no" }, "not resolved"), el("option", { value: "—" }, "not evaluated"));

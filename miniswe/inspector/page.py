@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from miniswe import __version__
-from miniswe.inspector.views import header_view, not_recorded, observations, run_view, step_view
+from miniswe.inspector.views import NOT_RUN, header_view, not_recorded, observations, pending_view, run_view, step_view
 from miniswe.trajectory import Trajectory
 
 # Characters of a stored output the page keeps (head and tail) when it differs from what the model saw;
@@ -22,7 +22,7 @@ from miniswe.trajectory import Trajectory
 PAGE_OUTPUT_LIMIT = 50_000
 STEP_FIELDS = ("step", "thought", "reasoning", "command", "format_error", "returncode", "timed_out", "aborted",
                "status", "error", "duration_s", "observation", "output", "output_chars", "elided_chars", "tokens", "prompt_tokens",
-               "completion_tokens", "cost", "latency_s", "finish_reason")
+               "completion_tokens", "cost", "latency_s", "finish_reason", "proposed", "pending")
 # Everything a page may load: nothing from the network, only its own inline script and style.
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 _ASSETS = os.path.dirname(__file__)
@@ -38,7 +38,10 @@ def run_data(trajectory: Trajectory) -> dict[str, Any]:
         view = step_view(step, seen.get(step.step), missing)
         shown = view["observation"]
         view["output"] = _bounded(step.output) if shown is None or step.output not in shown else None
-        steps.append([view[name] for name in STEP_FIELDS])
+        steps.append([view.get(name) for name in STEP_FIELDS])
+    pending = pending_view(trajectory, missing)
+    if pending is not None:
+        steps.append([pending.get(name) for name in STEP_FIELDS])
     return {"header": header_view(trajectory), "steps": steps}
 
 
@@ -63,6 +66,9 @@ def batch_page(run_dir: str) -> str:
     inside = os.path.realpath(run_dir) + os.sep
     runs: dict[str, Any] = {}
     for row in view["rows"]:
+        if row["exit_status"] == NOT_RUN:
+            runs[row["id"]] = {"error": "not run: the batch stopped before this task started"}
+            continue
         path = os.path.realpath(os.path.join(run_dir, row["trajectory"] or ""))
         if not row["trajectory"] or not path.startswith(inside):  # a page shows this batch's files, nothing else
             runs[row["id"]] = {"error": f"the ledger names no trajectory inside the run directory ({row['trajectory']!r})"}

@@ -35,6 +35,8 @@ def step_marks(step: dict[str, Any]) -> list[str]:
     marks = [step["status"]]
     if step["elided_chars"]:
         marks.append(f"{step['elided_chars']:,} bytes not kept")
+    if step.get("proposed") is not None:
+        marks.append("command changed")
     return marks
 
 
@@ -55,6 +57,8 @@ def child_line(child: dict[str, Any]) -> str:
 
 def step_body(step: dict[str, Any], full: bool) -> tuple[str, str]:
     """(label, text) of what a step shows under its command: the observation, or with --full the stored output."""
+    if step.get("pending"):
+        return "never finished: the run was killed while this command ran; nothing of its output was recorded", ""
     if full:
         return "output as stored", step["output"]
     if step["observation"] is not None:
@@ -84,9 +88,23 @@ def header_rows(header: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("task", first_lines(header["task"], 3)), ("model", header["model"] or "—"), ("exit", exit_line)]
     if header["resolved"] is not None:
         rows.append(("resolved", "yes" if header["resolved"] else "no"))
-    rows += [("steps", " · ".join(counts)), ("tokens", tokens), ("cost", money(usage["cost"])), ("wall time", wall),
+    rows += [("steps", " · ".join(counts)), ("tokens", tokens), ("cost", "not recorded" if usage["cost"] is None else money(usage["cost"])), ("wall time", wall),
              ("config", " · ".join(f"{k}={v}" for k, v in header["config"].items()) or "—"),
              ("file", f"{header['path']} ({header['source']})")]
+    if header.get("parent"):
+        parent = header["parent"]
+        rows.append(("forked", f"from {parent.get('trajectory')} at step {parent.get('from_step')}"
+                     + (f" (run {parent['run_id']})" if parent.get("run_id") else "")))
+    for entry in header.get("resumes") or ():
+        line = f"at {entry.get('at')} after step {entry.get('from_step')}"
+        if entry.get("changes"):
+            line += " · changed " + ", ".join(sorted(entry["changes"]))
+        if entry.get("diverged"):
+            line += f" · replay diverged: {entry['diverged']}"
+        rows.append(("resumed", line))
+    if header.get("pending") is not None:
+        rows.append(("in flight", f"step {header['pending']}: its command never finished (the run was killed); "
+                                  "`miniswe run --resume` goes on from there"))
     if header["compactions"]:
         rows.append(("context", "compacted before step " + ", ".join(
             f"{c['step'] + 1} ({c['kind']}, ~{c['tokens_before']:,} → {c['tokens_after']:,} tokens)" for c in header["compactions"])))
@@ -115,6 +133,9 @@ def plain_trajectory(view: dict[str, Any], *, full: bool) -> str:
             out.append(_prefixed("~ ", step["reasoning"]))
         if step["thought"]:
             out.append(step["thought"])
+        if step.get("proposed") is not None:
+            out.append(_prefixed("proposed $ ", step["proposed"], "  "))
+            out.append("(changed before it ran; what ran:)")
         if step["command"] is not None:
             out.append(_prefixed("$ ", step["command"], "  "))
         out += [child_line(child) for child in step.get("children") or ()]
@@ -175,6 +196,8 @@ def run_summary(view: dict[str, Any]) -> list[str]:
         facts.append(f"status {view['status']}")
     counts = [f"{totals['tasks']} tasks" + (f" of {view['selected']} selected" if view["selected"] not in (None, totals["tasks"]) else "")]
     counts += [f"{status} {count}" for status, count in totals["by_status"].items()]
+    counts += [f"{label} {totals[key]}" for key, label in (("unfinished", "unfinished"), ("not_run", "not run"))
+               if totals.get(key)]
     if totals["evaluated"]:
         counts.append(f"resolved {totals['resolved']} of {totals['evaluated']} ({totals['resolved_rate']:.1%})")
     counts += [f"{totals['tokens']:,} tokens", money(totals["cost"]), f"{seconds(totals['wall_s'])} of task time"]
@@ -256,7 +279,7 @@ def rich_trajectory(view: dict[str, Any], *, full: bool) -> str:
     grid.add_column(style="bold cyan", no_wrap=True)
     grid.add_column()
     for label, value in header_rows(view["header"]):
-        style = _status_style(view["header"]["exit_status"]) if label == "exit" else "yellow" if label in ("missing", "note") else ""
+        style = _status_style(view["header"]["exit_status"]) if label == "exit" else "yellow" if label in ("missing", "note", "in flight") else ""
         grid.add_row(label, Text(visible(value), style=style))
     console.print(grid)
     paint = _Painter()
@@ -270,6 +293,9 @@ def rich_trajectory(view: dict[str, Any], *, full: bool) -> str:
             out.append(paint(step["reasoning"], "dim italic"))
         if step["thought"]:
             out.append(paint(step["thought"], "italic"))
+        if step.get("proposed") is not None:
+            out.append(paint("proposed $ ", "dim") + paint(step["proposed"], "dim strike"))
+            out.append(paint("(changed before it ran; what ran:)", "dim"))
         if step["command"] is not None:
             shown = step["command"] if step.get("tool") in (None, "bash", "submit") else None
             out.append(paint("$ ", "bold yellow") + (paint.bash(shown) if shown is not None else paint(step["command"], "yellow")))

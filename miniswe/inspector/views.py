@@ -63,12 +63,35 @@ def step_view(step: Step, observation: str | None, missing: frozenset[str] = fro
         "latency_s": step.latency_s,
         "finish_reason": step.finish_reason,
     }
+    if step.proposed is not None:  # a hook or a person changed the model's command before it ran
+        view["proposed"] = step.proposed
+    if step.refused:
+        view["refused"] = step.refused
     if step.tool_call:  # only where there is one: a text-protocol run's view is as it was
         view["tool"] = step.tool_call.get("name")
     if step.children:
         view["children"] = [{key: link.get(key) for key in ("trajectory", "depth", "task", "exit_status", "steps")}
                             for link in step.children]
     return view
+
+
+PENDING_STATUS = "cut short / never finished"
+
+
+def pending_view(trajectory: Trajectory, missing: frozenset[str] = frozenset()) -> dict[str, Any] | None:
+    """The command a killed run was running when it died (recorded before it ran, never finished): a step of
+    its own, marked so; None when there is none."""
+    if trajectory.pending is None:
+        return None
+    view = step_view(trajectory.pending, None, missing)
+    view.update(status=PENDING_STATUS, error=True, pending=True, returncode=None, duration_s=None, output=None)
+    return view
+
+
+def resume_view(entry: dict[str, Any]) -> dict[str, Any]:
+    changes = entry.get("changes") if isinstance(entry.get("changes"), dict) else {}
+    return {"at": entry.get("at"), "from_step": entry.get("from_step"), "changes": changes,
+            "diverged": entry.get("diverged"), "miniswe_version": entry.get("miniswe_version")}
 
 
 def header_view(trajectory: Trajectory) -> dict[str, Any]:
@@ -82,6 +105,8 @@ def header_view(trajectory: Trajectory) -> dict[str, Any]:
     usage = trajectory.usage.to_dict()
     if "tokens" in missing:
         usage.update(prompt_tokens=None, completion_tokens=None, total_tokens=None, cached_tokens=None)
+    if "cost" in missing:
+        usage["cost"] = None
     return {
         "path": trajectory.path,
         "source": converted.get("format") or "miniswe-trajectory",
@@ -106,6 +131,10 @@ def header_view(trajectory: Trajectory) -> dict[str, Any]:
         "notes": list(converted.get("notes") or []),
         "compactions": [{key: entry.get(key) for key in ("step", "kind", "why", "window", "tokens_before", "tokens_after")}
                         for entry in trajectory.compactions],
+        "pending": trajectory.pending.step if trajectory.pending is not None else None,
+        "resumes": [resume_view(entry) for entry in trajectory.resumes if isinstance(entry, dict)],
+        "parent": ({key: trajectory.parent.get(key) for key in ("trajectory", "run_id", "from_step")}
+                   if trajectory.parent else None),
     }
 
 
@@ -113,12 +142,11 @@ def trajectory_view(trajectory: Trajectory, *, select=None) -> dict[str, Any]:
     """`--json` of a trajectory: its header and the steps `select(step)` keeps (all by default)."""
     seen = observations(trajectory)
     missing = not_recorded(trajectory)
-    return {
-        "inspect": "trajectory",
-        "version": VIEW_VERSION,
-        "header": header_view(trajectory),
-        "steps": [step_view(s, seen.get(s.step), missing) for s in trajectory.steps if select is None or select(s)],
-    }
+    steps = [step_view(s, seen.get(s.step), missing) for s in trajectory.steps if select is None or select(s)]
+    pending = pending_view(trajectory, missing)
+    if pending is not None and (select is None or select(trajectory.pending, pending=True)):
+        steps.append(pending)
+    return {"inspect": "trajectory", "version": VIEW_VERSION, "header": header_view(trajectory), "steps": steps}
 
 
 def not_recorded(trajectory: Trajectory) -> frozenset[str]:
@@ -169,9 +197,11 @@ def select_steps(step: int | None = None, steps: str | None = None, errors: bool
             raise UsageError(f"--steps {steps}: expected A:B with step numbers (3:7, :10, 5:)") from None
         if not colon:
             high = low
+        if high is not None and high < low:
+            raise UsageError(f"--steps {steps}: the first step comes after the last; give A:B with A <= B")
 
-    def keep(s: Step) -> bool:
-        return low <= s.step and (high is None or s.step <= high) and (not errors or is_error(s))
+    def keep(s: Step, pending: bool = False) -> bool:
+        return low <= s.step and (high is None or s.step <= high) and (not errors or pending or is_error(s))
 
     return keep
 
@@ -184,13 +214,16 @@ def run_view(run_dir: str, *, sort: str | None = None, status: str | None = None
     records, run = load_run(run_dir)
     numbers = build_report(records)
     rows = [row_view(r) for r in records]
+    run = run or {}
+    rows += unfinished_rows(run_dir, run, {r.id for r in records})
     totals = {
         "tasks": numbers["tasks"], "by_status": numbers["by_status"], "resolved": numbers["resolved"],
         "evaluated": numbers["evaluated"], "resolved_rate": numbers["resolved_rate"],
+        "unfinished": sum(1 for r in rows if r["exit_status"] == UNFINISHED),
+        "not_run": sum(1 for r in rows if r["exit_status"] == NOT_RUN),
         "tokens": sum(r["tokens"] for r in rows), "cost": round(sum(r["cost"] for r in rows), 8),
         "wall_s": round(sum(r["wall_s"] for r in rows), 3),
     }
-    run = run or {}
     return {
         "inspect": "run",
         "version": VIEW_VERSION,
@@ -214,6 +247,62 @@ def row_view(record: Any) -> dict[str, Any]:
     }
 
 
+# The rows of selected tasks the ledger has no line for: started but not finished (the batch was stopped or
+# killed while they ran), or never started.
+UNFINISHED, NOT_RUN = "unfinished", "not run"
+
+
+def selected_ids(run: dict[str, Any]) -> list[str] | None:
+    """The ids of the tasks the batch selected, from its task file and options as run.json records them; None
+    when that cannot be known (no task file there any more, or a changed one)."""
+    from miniswe.batch.selection import select_tasks
+    from miniswe.batch.tasks import load_tasks
+
+    task_file, options = run.get("task_file") or {}, run.get("options") or {}
+    try:
+        tasks = load_tasks(task_file["path"])
+        if task_file.get("sha256") and tasks.sha256 != task_file["sha256"]:
+            return None
+        chosen = select_tasks(tasks.tasks, **{key: options.get(key) for key in ("filter", "slice", "shard", "seed")},
+                              shuffle=bool(options.get("shuffle")))
+    except Exception:  # noqa: BLE001 - only a fuller view is lost: the task folders are still listed
+        return None
+    return [task.id for task in chosen]
+
+
+def unfinished_rows(run_dir: str, run: dict[str, Any], finished: set[str]) -> list[dict[str, Any]]:
+    """A row for each selected task without a ledger line: `unfinished` where its trajectory was begun (the
+    numbers so far), `not run` where it never started. The tasks are the batch's selection, and the task folders
+    in the run directory (which also show what a batch whose task file is gone had begun)."""
+    from miniswe.batch.plan import trajectory_name
+    from miniswe.foreign import load_any
+
+    wanted = selected_ids(run) or []
+    try:
+        folders = sorted(name for name in os.listdir(run_dir)
+                         if os.path.isfile(os.path.join(run_dir, trajectory_name(name))))
+    except OSError:
+        folders = []
+    rows = []
+    for task_id in dict.fromkeys([*wanted, *folders]):
+        if task_id in finished:
+            continue
+        relative = trajectory_name(task_id)
+        row = {"id": task_id, "exit_status": NOT_RUN, "resolved": None, "steps": 0, "tokens": 0, "cost": 0.0,
+               "wall_s": 0.0, "exit_detail": "never started", "trajectory": None, "attempt": None}
+        if os.path.isfile(os.path.join(run_dir, relative)):
+            row.update(exit_status=UNFINISHED, trajectory=relative,
+                       exit_detail="began but did not finish (the batch was stopped or killed while it ran)")
+            try:
+                trajectory = load_any(os.path.join(run_dir, relative))
+                row.update(steps=len(trajectory.steps), tokens=trajectory.usage.total_tokens,
+                           cost=trajectory.usage.cost, wall_s=trajectory.wall_s or 0.0)
+            except Exception:  # noqa: BLE001 - a half-written file still gets its row
+                pass
+        rows.append(row)
+    return rows
+
+
 def filter_rows(rows: list[dict[str, Any]], status: str | None) -> list[dict[str, Any]]:
     if not status:
         return rows
@@ -221,10 +310,11 @@ def filter_rows(rows: list[dict[str, Any]], status: str | None) -> list[dict[str
     from miniswe.status import ExitStatus
 
     known = {str(s).lower(): str(s) for s in ExitStatus}
+    known.update({UNFINISHED: UNFINISHED, NOT_RUN: NOT_RUN, "not-run": NOT_RUN, "not_run": NOT_RUN})
     wanted = set()
     for name in status.split(","):
         if name.strip().lower() not in known:
-            raise UsageError(f"--status {name.strip()}: not an exit status (one of {', '.join(known.values())}; "
+            raise UsageError(f"--status {name.strip()}: not an exit status (one of {', '.join(dict.fromkeys(known.values()))}; "
                              "several with commas)")
         wanted.add(known[name.strip().lower()])
     return [row for row in rows if row["exit_status"] in wanted]
