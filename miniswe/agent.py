@@ -105,9 +105,10 @@ class Agent:
         self.context = Compactor(config.agent, trajectory, model, renderer, notify, request=self.wire.request)
         kind = config.environment.kind
         policy = CommandPolicy(config.policy, environment_kind=kind, ask=ask)
+        self.repeats = RepeatDetector(config.agent.max_repeats)
         self.hooks = Hooks([
             policy,
-            RepeatDetector(config.agent.max_repeats),
+            self.repeats,
             BudgetWarnings(self.limits, trajectory.usage),
             *load_hooks(config.agent.hooks),
             *hooks,
@@ -137,7 +138,25 @@ class Agent:
         self.limits.started -= self.trajectory.wall_s_so_far()
         self.load_context([m.wire() for m in self.trajectory.messages])
         self.trajectory.save()
-        return self._loop()
+        ended = self._recorded_end()
+        return self._until_end(lambda: ended) if ended else self._loop()
+
+    def _recorded_end(self) -> Outcome | None:
+        """The end the recorded steps already brought, when miniswe died after recording the last step and before
+        its end (a submission, the last malformed reply or repeat allowed): the model must not be asked again."""
+        trajectory = self.trajectory
+        repeated = self.repeats.recall(trajectory.steps)
+        if not trajectory.steps:
+            return None
+        last = trajectory.steps[-1]
+        if last.format_error:
+            limit = self.config.agent.max_format_errors
+            if limit and self.format_errors >= limit:
+                return Outcome(ExitStatus.REPEATED_FORMAT_ERROR,
+                               f"{self.format_errors} malformed replies in a row; last: {last.format_error}")
+            return None
+        tool = (last.tool_call or {}).get("name")
+        return self._submitted(last, shell=tool is None or tool in SHELL_TOOLS or last.proposed is not None) or repeated
 
     def load_context(self, messages: Sequence[dict[str, Any]]) -> None:
         """Take up a recorded conversation (`messages`: what the model will be sent): a resumed run, a loaded chat
@@ -295,22 +314,27 @@ class Agent:
                 raise SandboxError(result.sandbox_error)
             return self.stop.outcome or interrupted("SIGINT")
         stopped = self._after(step, lambda: self._observation(step, timeout))
-        # only a shell command submits: a file whose first line is the marker, read by read_file, does not
-        submitted = (submission(output, result.returncode, self.config.protocol.submit_marker)
-                     if action.tool in SHELL_TOOLS else None)
-        if submitted is not None and result.elided_chars:
-            # never a damaged submission: the middle of this one was not kept
-            limit = self.config.environment.capture_limit
-            return Outcome(ExitStatus.LIMITS_EXCEEDED, f"capture_limit: the submission's output is {result.output_chars} "
-                           f"bytes and environment.capture_limit keeps {limit} whole; it was not taken. Raise "
-                           "environment.capture_limit (0 = no limit) and run the task again")
-        if submitted is not None:
-            return Outcome(ExitStatus.SUBMITTED, None, submitted)
-        if stopped:
-            return stopped
+        submitted = self._submitted(step, shell=action.tool in SHELL_TOOLS)
+        if submitted or stopped:
+            return submitted or stopped
         if result.timed_out and self.limits.time_left() <= 0:
             return self.limits.out_of_time("a command")
         return None
+
+    def _submitted(self, step: Step, *, shell: bool) -> Outcome | None:
+        """The end a step's output brings: a submission (only a shell command's: a file whose first line is the
+        marker, read by read_file, submits nothing), never a damaged one."""
+        if not shell or step.refused:
+            return None
+        submitted = submission(step.output, step.returncode, self.config.protocol.submit_marker)
+        if submitted is None:
+            return None
+        if step.elided_chars:  # the middle of this one was not kept
+            limit = self.config.environment.capture_limit
+            return Outcome(ExitStatus.LIMITS_EXCEEDED, f"capture_limit: the submission's output is {step.output_chars} "
+                           f"bytes and environment.capture_limit keeps {limit} whole; it was not taken. Raise "
+                           "environment.capture_limit (0 = no limit) and run the task again")
+        return Outcome(ExitStatus.SUBMITTED, None, submitted)
 
     def _execute(self, number_: int, action: Action, timeout: float) -> tuple[CommandResult, list[dict[str, Any]]]:
         """Run an action: a shell command in the environment (the file tools' too, as a command of their own

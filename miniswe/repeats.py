@@ -20,15 +20,32 @@ class RepeatDetector:
         self.last, self.count = None, 0
 
     def after_command(self, event) -> None:
-        step = event.step
+        verdict = self._see(event.step)
+        if isinstance(verdict, Outcome):
+            event.stop = verdict
+        elif verdict:
+            event.warnings.append(verdict)
+
+    def recall(self, steps) -> Outcome | None:
+        """Take up a recorded run's steps (a resume): the count goes on from them, and the end their last one
+        brought, if it did, is returned."""
+        self.last, self.count = None, 0
+        verdict = None
+        for step in steps:
+            verdict = self._see(step)
+        return verdict if isinstance(verdict, Outcome) else None
+
+    def _see(self, step) -> Outcome | str | None:
+        """Count a step: the end it brings, the warning it earns, or nothing."""
         if not self.limit or step.command is None:
-            return
+            return None
         key = (step.command, step.returncode, step.timed_out, step.output)
         self.count = self.count + 1 if key == self.last else 1
         self.last = key
         if self.count > self.limit:
-            event.stop = Outcome(ExitStatus.REPEATED_ACTION, f"the same command gave the same output {self.count} times "
-                                 f"in a row (agent.max_repeats is {self.limit}): {step.command[:120]}")
-        elif self.count == self.limit:
-            event.warnings.append(f"You ran this exact command {self.count} times in a row and got the same output "
-                                  "each time. Running it once more ends the run: try something different.")
+            return Outcome(ExitStatus.REPEATED_ACTION, f"the same command gave the same output {self.count} times "
+                           f"in a row (agent.max_repeats is {self.limit}): {step.command[:120]}")
+        if self.count == self.limit:
+            return (f"You ran this exact command {self.count} times in a row and got the same output "
+                    "each time. Running it once more ends the run: try something different.")
+        return None

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import read_line
 from raycluster import ROOT, LoopbackNamespace, TwoNodeCluster, unavailable
 from replies import act
 import waiting
@@ -37,9 +38,10 @@ if _problem:
 
 pytestmark = pytest.mark.ray
 
-# A counter in the task's workspace submits at step $STEPS; each step also notes the node it ran on.
+# A counter in the task's workspace submits at step $STEPS; each step also notes the node it ran on. The count
+# is replaced, not rewritten in place: a kill mid-command leaves the old count or the new one, never an empty file.
 COUNTER = act(
-    'n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n; echo "$NODE" >> nodes; sleep "${SLEEP:-0}"; '
+    'n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n.new; mv .n.new .n; echo "$NODE" >> nodes; sleep "${SLEEP:-0}"; '
     'if [ "$n" -ge "${STEPS:-3}" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo "patch of $(basename "$(dirname "$PWD")")"; else echo "step $n"; fi'
 )
 TIMING = ("wall_s", "started", "ended")
@@ -501,28 +503,44 @@ def cluster_processes(ns: LoopbackNamespace, temp_dir: Path, exclude: set[int]) 
     return found
 
 
+# Runs argv as its child and reaps it alone; orphans below it (PR_SET_CHILD_SUBREAPER) stay zombies.
+NEVER_REAPS = """
+import ctypes, os, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[1], sys.argv[1:])
+print(pid, flush=True)
+os.waitpid(pid, 0)
+time.sleep(3600)
+"""
+
+
 def test_a_private_cluster_whose_driver_and_watchdog_were_killed_is_cleared_from_another_namespace(tmp_path):
     """kill -9 of the driver and of its watchdog in one user namespace: the next batch, run in another (where
     /proc/PID/fd of the first one's processes cannot be read), kills every process of the first cluster from
-    the watchdog's notes and only then removes the temp dir."""
+    the watchdog's notes and only then removes the temp dir. The first batch runs below a reaper that never
+    reaps orphans (as a container's PID 1 may not): a killed watchdog stays a zombie, and is no less dead."""
     first, second = LoopbackNamespace(tmp_path / "home"), LoopbackNamespace(tmp_path / "home")
     servers = []
     try:
         servers.append(Server(first, tmp_path))
         write_tasks(tmp_path, [task(f"t{i}", 8, sleep=0.3) for i in range(2)])
         before = set(Path("/tmp").glob("miniswe-ray-*"))
-        proc = first.popen(*batch_argv(servers[0], "run", "--executor", "ray", "-w", "2", "-q"), cwd=tmp_path,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        reaper = first.popen(sys.executable, "-c", NEVER_REAPS, *batch_argv(servers[0], "run", "--executor", "ray", "-w", "2", "-q"),
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        driver = int(read_line(reaper.stdout, 30))
         wait_for(lambda: len(list((tmp_path / "run").glob("*/workspace/.n"))) == 2)
         (temp_dir,) = set(Path("/tmp").glob("miniswe-ray-*")) - before
         time.sleep(1.5)  # the watchdog notes the cluster's processes every second
         watchdog = int((temp_dir / "watchdog").read_text().split()[0])
-        ours = cluster_processes(first, temp_dir, {first.holder.pid, servers[0].proc.pid, watchdog, proc.pid})
+        ours = cluster_processes(first, temp_dir, {first.holder.pid, servers[0].proc.pid, watchdog, reaper.pid, driver})
         assert any(cmdline.startswith(b"ray::DashboardAgent") for cmdline in ours.values()), ours
         os.kill(watchdog, signal.SIGKILL)
-        proc.kill()
-        proc.wait()
+        os.kill(driver, signal.SIGKILL)
+        wait_for(lambda: not alive(driver))
         time.sleep(1)
+        assert not alive(watchdog) and Path(f"/proc/{watchdog}").exists(), "the watchdog should be an unreaped zombie"
         assert any(alive(pid) for pid in ours), "nothing outlived the driver: the test shows nothing"
         servers.append(Server(second, tmp_path))
         code, out, err = finish(second.popen(*batch_argv(servers[1], "run", "--executor", "ray", "-w", "2"), cwd=tmp_path,
@@ -538,16 +556,27 @@ def test_a_private_cluster_whose_driver_and_watchdog_were_killed_is_cleared_from
         second.close()
 
 
-def test_an_ownerless_scratch_folder_is_removed_once_old(tmp_path, monkeypatch):
+def test_a_scratch_folder_goes_when_ownerless_and_old_or_its_owner_is_gone(tmp_path, monkeypatch):
+    """Kept: a young ownerless folder (being made), one whose owner lives (an older miniswe wrote the pid alone).
+    Removed: an old ownerless one, one whose owner is a zombie, one whose owner's pid is now another process's."""
     from miniswe.batch import ray_worker
+    from miniswe.environments.processes import process_start
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     root = tmp_path / "miniswe-tasks-abc"
-    for name in ("old", "new", "owned"):
+    for name in ("old", "new", "owned", "owned-pid-only", "zombie", "reused"):
         (root / name).mkdir(parents=True)
-    (root / "owned" / ".owner").write_text(str(os.getpid()))
+    zombie = subprocess.Popen(["true"])
+    waiting.wait_for(lambda: process_start(zombie.pid) is None)
+    (root / "owned" / ".owner").write_text(f"{os.getpid()} {process_start(os.getpid())}")
+    (root / "owned-pid-only" / ".owner").write_text(str(os.getpid()))
+    (root / "zombie" / ".owner").write_text(str(zombie.pid))
+    (root / "reused" / ".owner").write_text(f"{os.getpid()} 1")
     long_ago = time.time() - ray_worker.OWNERLESS_S - 10
     for name in ("old", "owned"):
         os.utime(root / name, (long_ago, long_ago))
-    ray_worker._sweep_scratch()
-    assert sorted(p.name for p in root.iterdir()) == ["new", "owned"]
+    try:
+        ray_worker._sweep_scratch()
+    finally:
+        zombie.wait()
+    assert sorted(p.name for p in root.iterdir()) == ["new", "owned", "owned-pid-only"]

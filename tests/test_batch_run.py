@@ -25,9 +25,10 @@ def recorded(path: str) -> dict:
     return load(path).to_dict()
 
 # Every task gets the same reply; a counter in the task's workspace makes it submit at step $STEPS,
-# so the replies of a shared server can interleave between workers in any order.
+# so the replies of a shared server can interleave between workers in any order. The counter is replaced,
+# not rewritten in place: a kill -9 mid-command leaves the old count or the new one, never an empty file.
 COUNTER = act(
-    'n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n; sleep "${SLEEP:-0}"; '
+    'n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n.new; mv .n.new .n; sleep "${SLEEP:-0}"; '
     'if [ "$n" -ge "${STEPS:-3}" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo "patch of $(basename "$(dirname "$PWD")")"; else echo "step $n"; fi'
 )
 

@@ -122,6 +122,64 @@ def test_resume_after_kill_9_repeats_no_call_and_loses_no_step(server, tmp_path)
     assert (tmp_path / "fresh" / "log").read_text() == "one\ntwo\nthree\nfour\n"
 
 
+DIES_AT_END = """
+import os, signal
+
+class DiesAtEnd:  # a kill -9 after the run's last step was saved, before its end was
+    def on_run_end(self, event):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+class DiesBeforeCall3:
+    def before_model_call(self, event):
+        if event.step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_run_killed_after_its_last_step_was_saved_resumes_to_that_steps_end_without_a_call(cli, server, tmp_path):
+    (tmp_path / "dies.py").write_text(DIES_AT_END)
+    env = {"PYTHONPATH": str(tmp_path)}
+    endpoint = ["--base-url", server.base_url, "-m", "m"]
+    for name, replies, flags, status, code in (
+        ("sub", [act("echo one"), act(f"echo {SUBMIT_MARKER}; echo the answer")], [], "Submitted", 0),
+        ("fmt", ["no block", "still none"], ["-c", "agent.max_format_errors=2"], "RepeatedFormatError", 1),
+        ("rep", [act("cat missing")] * 2, ["-c", "agent.max_repeats=1"], "RepeatedAction", 1),
+    ):
+        server.push(*replies)
+        calls = len(server.requests)
+        killed = cli("run", "t", *endpoint, *flags, "-c", "agent.hooks=[dies:DiesAtEnd]", "-o", f"{name}.json", "-q", env=env)
+        assert killed.returncode == -9, killed.stderr
+        before = json.loads((tmp_path / f"{name}.json").read_text())
+        assert before["exit_status"] is None and len(before["steps"]) == 2 and "pending" not in before
+        assert len(server.requests) == calls + 2
+
+        resumed = cli("run", "--resume", f"{name}.json", "-c", "agent.hooks=[]", "-q", env=env)
+        assert resumed.returncode == code, resumed.stderr
+        after = json.loads((tmp_path / f"{name}.json").read_text())
+        assert after["exit_status"] == status, after["exit_detail"]
+        assert len(server.requests) == calls + 2, "the model was asked again after the run had ended"
+        assert after["steps"] == before["steps"]
+    assert json.loads((tmp_path / "fmt.json").read_text())["exit_detail"] == "2 malformed replies in a row; last: no_action"
+    assert json.loads((tmp_path / "sub.json").read_text())["submission"] == "the answer\n"
+
+
+def test_a_resumed_run_counts_repeats_on_from_its_recorded_steps(cli, server, tmp_path):
+    """agent.max_repeats=3: two identical steps, a kill, then two more after the resume end the run at the
+    fourth, as without the kill."""
+    (tmp_path / "dies.py").write_text(DIES_AT_END)
+    env = {"PYTHONPATH": str(tmp_path)}
+    server.push(*[act("cat missing")] * 2)
+    killed = cli("run", "t", "--base-url", server.base_url, "-m", "m", "-c", "agent.hooks=[dies:DiesBeforeCall3]",
+                 "-o", "t.json", "-q", env=env)
+    assert killed.returncode == -9 and len(json.loads((tmp_path / "t.json").read_text())["steps"]) == 2
+    server.push(*[act("cat missing")] * 2)
+    resumed = cli("run", "--resume", "t.json", "-c", "agent.hooks=[]", "-q", env=env, timeout=30)
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert (resumed.returncode, data["exit_status"], len(data["steps"])) == (1, "RepeatedAction", 4), resumed.stderr
+    assert "4 times in a row" in data["exit_detail"] and len(server.requests) == 4
+    assert "Running it once more ends the run" in server.requests[3]["body"]["messages"][-1]["content"]
+
+
 def test_replay_checks_the_steps_after_one_cut_short(cli, tmp_path):
     path = record_run(cli, tmp_path, [act("echo one"), act("echo two"), act("echo three"), act(f"echo {SUBMIT_MARKER}")])
     data = json.loads(path.read_text())

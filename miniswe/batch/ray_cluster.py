@@ -26,6 +26,7 @@ import tempfile
 import time
 from typing import Any
 
+from miniswe.environments.processes import process_start
 from miniswe.errors import SandboxError, UsageError
 
 INSTALL = "pip install 'miniswe[ray]'"
@@ -380,12 +381,9 @@ def _descendants(root: int) -> list[int]:
 
 def _start_time(pid: int) -> int:
     """The process's start time (clock ticks since boot; 0 when it is gone): with its pid, it names one process.
-    /proc/PID/stat is readable from any user namespace."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return int(handle.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
+    /proc/PID/stat is readable from any user namespace. A zombie is gone: where PID 1 is slow to reap (or never
+    reaps, as in some containers), a killed driver's watchdog would otherwise look alive and clearing forever."""
+    return int(process_start(pid) or 0)
 
 
 def _now_ticks() -> int:

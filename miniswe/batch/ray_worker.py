@@ -30,6 +30,7 @@ from miniswe.batch.plan import Plan
 from miniswe.batch.ray_hub import NO_SLOT
 from miniswe.batch.worker import Event, TaskStarted, WorkerServices, run_plan
 from miniswe.config import override
+from miniswe.environments.processes import process_start
 from miniswe.errors import Cancelled, DeadlineReached
 from miniswe.models.gate import CallGate
 from miniswe.signals import Stop
@@ -44,7 +45,7 @@ OWNERLESS_S = 300.0  # a task's scratch folder with no owner this long after it 
 SLOT_POLL_S = 0.25  # a caller waiting for a free model-call slot asks again this often
 SETTLE_S = 30.0  # the longest a finished task waits for the hub to have all its events
 SCRATCH_PREFIX = "miniswe-tasks-"  # $TMPDIR/miniswe-tasks-<batch>/<task id>/: a running task's files on its node
-OWNER = ".owner"  # in a task's scratch folder: the worker process's pid
+OWNER = ".owner"  # in a task's scratch folder: "PID STARTTIME" of the worker process
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def _claim(folder: str) -> None:
         try:
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, OWNER), "w") as handle:
-                handle.write(str(os.getpid()))
+                handle.write(f"{os.getpid()} {process_start(os.getpid())}")
             return
         except FileNotFoundError:
             continue
@@ -279,15 +280,16 @@ def _sweep_scratch() -> None:
                 path = os.path.join(root, folder)
                 try:
                     with open(os.path.join(path, OWNER)) as handle:
-                        pid = int(handle.read().strip())
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    shutil.rmtree(path, ignore_errors=True)
+                        pid, _, start = handle.read().strip().partition(" ")
+                    now = process_start(int(pid))
                 except (FileNotFoundError, ValueError):  # no owner (yet): a leftover once old enough
                     if _age(path) > OWNERLESS_S:
                         shutil.rmtree(path, ignore_errors=True)
+                    continue
                 except OSError:
-                    pass  # alive
+                    continue
+                if now is None or (start and now != start):  # gone, a zombie, or its pid now another process's
+                    shutil.rmtree(path, ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.rmdir(root)  # only when empty
 
