@@ -129,24 +129,27 @@ class Agent:
         self.hooks("on_run_start", RunStart(task, first))
         return self._loop()
 
-    def resume(self) -> Outcome:
+    def resume(self, *, fork: bool = False) -> Outcome:
         """Go on with the conversation the trajectory holds, from its last finished step: the model sees exactly
         what it saw, and no call is made again. A command cut short (the run's end, or miniswe's death while it
-        ran) is reported to the model as such, not run again behind its back."""
+        ran) is reported to the model as such, not run again behind its back. A run whose last recorded step
+        ended it ends so; a `fork` goes on from its last kept step whatever it did (another model or other
+        limits may take it further)."""
         self._begin()
         # agent.time_limit bounds the whole run: the time before a kill or an earlier end counts too
         self.limits.started -= self.trajectory.wall_s_so_far()
+        repeated = self.repeats.recall(self.trajectory.steps)  # before a command cut short is recorded, seen live
         self.load_context([m.wire() for m in self.trajectory.messages])
         self.trajectory.save()
-        ended = self._recorded_end()
+        ended = None if fork else self._recorded_end(repeated)
         return self._until_end(lambda: ended) if ended else self._loop()
 
-    def _recorded_end(self) -> Outcome | None:
+    def _recorded_end(self, repeated: Outcome | None) -> Outcome | None:
         """The end the recorded steps already brought, when miniswe died after recording the last step and before
-        its end (a submission, the last malformed reply or repeat allowed): the model must not be asked again."""
+        its end (a submission, the last malformed reply allowed, or `repeated`: a repeat past the limit): the
+        model must not be asked again."""
         trajectory = self.trajectory
-        repeated = self.repeats.recall(trajectory.steps)
-        if not trajectory.steps:
+        if not trajectory.steps or trajectory.steps[-1].aborted:
             return None
         last = trajectory.steps[-1]
         if last.format_error:

@@ -80,4 +80,4 @@ def fork_run(path: str, from_step: int | None, output: str | None, sources: list
     child = fork(parent, from_step, output, config=masked_config(config.to_dict()), run_id=new_run_id(),
                  redact=run_secrets(config).scrub)
     record = {"changes": changes(parent.config, masked_config(config.to_dict()))}
-    return continue_run(config, child, rebuild=True, force=force, record=record, **services)
+    return continue_run(config, child, rebuild=True, force=force, record=record, fork=True, **services)

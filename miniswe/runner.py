@@ -158,9 +158,10 @@ def continue_run(
     evaluate: Sequence[str] = (),
     on_check: Callable[[Checked], None] = lambda checked: None,
     known_secrets: Secrets | None = None,
+    fork: bool = False,
     **services: Any,
 ) -> RunResult:
-    """Go on with a recorded run, in its own file (a resume) or in a fork's: from its last finished step, with
+    """Go on with a recorded run, in its own file (a resume) or in a `fork`'s: from its last finished step, with
     no model call made again. With `rebuild`, the recorded setup and commands run first in the fresh
     environment, their outputs checked as `miniswe replay` checks them; a divergence stops here (the
     trajectory keeps its previous end, `RunResult.diverged` says where) unless `force`."""
@@ -181,7 +182,7 @@ def continue_run(
                 trajectory.resumes[-1]["diverged"] = str(divergence)
                 if not force:
                     raise Diverged(divergence, previous)
-        return agent.resume()
+        return agent.resume(fork=fork)
 
     return _drive(config, trajectory, start, run_id=trajectory.metadata.get("run_id") or new_run_id(),
                   evaluate=evaluate, secrets=secrets, **services)

@@ -142,14 +142,14 @@ def trajectory(run_dir: Path, record: dict) -> dict:
 
 def orphaned_scratch() -> list[Path]:
     """Task scratch folders on this machine whose worker process is gone."""
+    from miniswe.environments.processes import running
+
     found = []
     for owner in Path("/tmp").glob("miniswe-tasks-*/*/.owner"):
-        try:
-            os.kill(int(owner.read_text()), 0)
-        except ProcessLookupError:
-            found.append(owner.parent)
-        except (OSError, ValueError):
-            pass
+        with contextlib.suppress(OSError, ValueError):
+            pid, _, start = owner.read_text().strip().partition(" ")
+            if not running(int(pid), start):
+                found.append(owner.parent)
     return found
 
 
@@ -509,6 +509,7 @@ import ctypes, os, sys, time
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
 pid = os.fork()
 if pid == 0:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the pipe below is read for the pid alone
     os.execvp(sys.argv[1], sys.argv[1:])
 print(pid, flush=True)
 os.waitpid(pid, 0)
@@ -522,7 +523,7 @@ def test_a_private_cluster_whose_driver_and_watchdog_were_killed_is_cleared_from
     the watchdog's notes and only then removes the temp dir. The first batch runs below a reaper that never
     reaps orphans (as a container's PID 1 may not): a killed watchdog stays a zombie, and is no less dead."""
     first, second = LoopbackNamespace(tmp_path / "home"), LoopbackNamespace(tmp_path / "home")
-    servers = []
+    servers, reaper = [], None
     try:
         servers.append(Server(first, tmp_path))
         write_tasks(tmp_path, [task(f"t{i}", 8, sleep=0.3) for i in range(2)])
@@ -554,6 +555,9 @@ def test_a_private_cluster_whose_driver_and_watchdog_were_killed_is_cleared_from
             server.stop()
         first.close()
         second.close()
+        if reaper is not None:
+            reaper.stdout.close()
+            reaper.wait(10)
 
 
 def test_a_scratch_folder_goes_when_ownerless_and_old_or_its_owner_is_gone(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from conftest import pids_alive, python_cmd, read_line
+from waiting import wait_for
 from miniswe.environments.local import LocalConfig, LocalEnvironment
 from miniswe.errors import SandboxError
 
@@ -267,3 +268,26 @@ def test_confined_commands_write_only_in_their_folder_and_signal_nothing_outside
         import shutil
 
         shutil.rmtree(outside, ignore_errors=True)
+
+
+@pytest.mark.parametrize("proc_fs", [True, False], ids=["/proc", "no /proc (macOS)"])
+def test_a_process_is_running_until_it_exits_a_zombie_or_a_reused_pid_is_not(monkeypatch, proc_fs):
+    """What says whether a container's or a scratch folder's owner is still there: with /proc, a zombie has
+    exited and a pid with another start time is another process; without, kill(pid, 0) is all there is."""
+    from miniswe.environments import processes
+
+    start = processes.process_start(os.getpid())
+    if not proc_fs:
+        real = os.path.exists
+        monkeypatch.setattr(processes.os.path, "exists", lambda path: False if path.startswith("/proc") else real(path))
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert processes.running(child.pid)
+        child.kill()
+        wait_for(lambda: processes.process_start(child.pid) is None)  # a zombie now: not reaped until wait()
+        assert processes.running(child.pid) is not proc_fs, "a zombie has exited (only /proc can tell)"
+    finally:
+        child.wait()
+    assert not processes.running(child.pid)
+    assert processes.running(os.getpid(), start)
+    assert processes.running(os.getpid(), "1") is not proc_fs, "another start time: another process"

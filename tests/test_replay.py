@@ -236,6 +236,17 @@ def test_fork_keeps_the_first_steps_replays_them_elsewhere_and_leaves_the_parent
     assert parent.read_bytes() == original, "the parent is never touched"
 
 
+def test_a_fork_goes_on_live_from_a_last_kept_step_that_ended_its_parent(cli, tmp_path):
+    """Unlike a resume, a fork does not end as the parent ended: another model or other limits may go on."""
+    record_run(cli, tmp_path, [act("echo one"), act("echo one"), act("echo one")], "-c", "agent.max_repeats=2")
+    assert json.loads((tmp_path / "t.json").read_text())["exit_status"] == "RepeatedAction"
+    (tmp_path / "fresh").mkdir()
+    other = script(tmp_path / "other.json", ["unused"] * 3 + [act(f"echo {SUBMIT_MARKER}; echo done")])
+    fork = cli("run", "--fork", "t.json", "--from-step", "3", "-o", "f.json", "--cwd", "fresh", "--script", other)
+    child = json.loads((tmp_path / "f.json").read_text())
+    assert (fork.returncode, child["exit_status"], child["submission"]) == (0, "Submitted", "done\n"), fork.stderr
+
+
 def test_a_foreign_recording_with_no_working_directory_replays_only_where_told(cli, tmp_path):
     from conftest import ROOT
 

@@ -30,7 +30,7 @@ from miniswe.batch.plan import Plan
 from miniswe.batch.ray_hub import NO_SLOT
 from miniswe.batch.worker import Event, TaskStarted, WorkerServices, run_plan
 from miniswe.config import override
-from miniswe.environments.processes import process_start
+from miniswe.environments.processes import process_start, running
 from miniswe.errors import Cancelled, DeadlineReached
 from miniswe.models.gate import CallGate
 from miniswe.signals import Stop
@@ -262,7 +262,7 @@ def _claim(folder: str) -> None:
         try:
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, OWNER), "w") as handle:
-                handle.write(f"{os.getpid()} {process_start(os.getpid())}")
+                handle.write(f"{os.getpid()} {process_start(os.getpid()) or ''}".strip())
             return
         except FileNotFoundError:
             continue
@@ -281,14 +281,12 @@ def _sweep_scratch() -> None:
                 try:
                     with open(os.path.join(path, OWNER)) as handle:
                         pid, _, start = handle.read().strip().partition(" ")
-                    now = process_start(int(pid))
+                    gone = not running(int(pid), start)
                 except (FileNotFoundError, ValueError):  # no owner (yet): a leftover once old enough
-                    if _age(path) > OWNERLESS_S:
-                        shutil.rmtree(path, ignore_errors=True)
-                    continue
+                    gone = _age(path) > OWNERLESS_S
                 except OSError:
                     continue
-                if now is None or (start and now != start):  # gone, a zombie, or its pid now another process's
+                if gone:
                     shutil.rmtree(path, ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.rmdir(root)  # only when empty

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from miniswe.environments.processes import process_start
+from miniswe.environments.processes import process_start, running
 from miniswe.errors import Cancelled, SandboxError
 from miniswe.signals import Stop
 
@@ -159,10 +159,7 @@ def remove_containers(ids: list[str], executable: str = "docker") -> list[str]:
 
 
 def _owner_alive(pid: str, start: str) -> bool:
-    if not pid.isdigit():
-        return False
-    now = process_start(int(pid))
-    return now is not None and (not start or now == start)
+    return pid.isdigit() and running(int(pid), start)
 
 
 def _listing(exe: str, *args: str) -> subprocess.CompletedProcess:

@@ -3,6 +3,24 @@ same process?), without forking anything."""
 
 from __future__ import annotations
 
+import os
+
+
+def running(pid: int, start: str = "") -> bool:
+    """Whether process `pid`, started at `start` (from process_start; "" when not known), still runs. Read from
+    /proc where there is one: a zombie has exited, and a pid with another start time is another process's.
+    Elsewhere (macOS), kill(pid, 0) is all there is."""
+    if os.path.exists("/proc/self/stat"):
+        now = process_start(pid)
+        return now is not None and (not start or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        pass
+    return True
+
 
 def process_start(pid: int) -> str | None:
     """The process's start time in clock ticks after boot (/proc/PID/stat field 22), or None if it is gone.
