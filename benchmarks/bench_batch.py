@@ -56,8 +56,11 @@ def run_batch(workers: int, tasks: int, steps: int, latency: float, workdir: str
     for record in records:
         with open(os.path.join(run_dir, record["trajectory"])) as handle:
             trajectory = json.load(handle)
-        model_s += sum(m.get("latency_s", 0.0) for m in trajectory["messages"] if m["role"] == "assistant")
+        model_s += sum(step["latency_s"] for step in trajectory["steps"])  # each call's, on its (first) step
         command_s += sum(step["duration_s"] for step in trajectory["steps"])
+    if model_s < calls * latency:
+        raise SystemExit(f"the trajectories account for {model_s:.1f} s of model time, less than the server's "
+                         f"{calls * latency:.1f} s: where they record latency has changed")
     task_wall = sum(r["wall_s"] for r in records)
     return {
         "workers": workers, "wall_s": wall, "model_s": model_s, "command_s": command_s,

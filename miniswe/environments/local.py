@@ -59,7 +59,8 @@ class LocalEnvironment:
         if "PATH" in extra:
             self.env["PATH"] = os.pathsep.join(filter(None, (extra.pop("PATH"), self.env.get("PATH", os.defpath))))
         self.env.update(extra)
-        self._spawner: Spawner | None = None
+        # started now, not at the first command: its start-up (a Python interpreter's) overlaps the first model call
+        self._spawner: Spawner | None = Spawner(self.env, self.cwd, confine=self.confine)
         self._pid: int | None = None  # the running command (its session's leader)
         self._executing = False
         self._interrupt_pending = False
