@@ -11,6 +11,7 @@ import hashlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -195,7 +196,10 @@ def test_default_resource_settings(fresh):
      # capabilities and options that undo the executor's protections, and more host namespaces
      ["--cap-add", "SYS_PTRACE"], ["--cap-add=cap_sys_admin"], ["--cap-add", "NET_ADMIN,SYS_PTRACE"],
      ["--cap-add", "DAC_READ_SEARCH"], ["--security-opt", "seccomp=unconfined"], ["--security-opt=apparmor:unconfined"],
-     ["--uts=host"], ["--cgroupns", "host"], ["--ipc=host"], ["--userns", "host"]],
+     ["--uts=host"], ["--cgroupns", "host"], ["--ipc=host"], ["--userns", "host"],
+     # the host's memory or disks as devices, and volumes miniswe cannot see
+     ["--device=/dev/mem:/dev/mem"], ["--device", "/dev/port"], ["--device-cgroup-rule", "a *:* rwm"],
+     ["--device-cgroup-rule=b 8:* rmw"], ["--device-cgroup-rule", "c 1:1 rwm"], ["--volumes-from", "other"]],
     ids=lambda args: " ".join(args),
 )
 def test_unsafe_run_args_are_refused_naming_the_argument(run_args, monkeypatch):
@@ -208,6 +212,17 @@ def test_unsafe_run_args_are_refused_naming_the_argument(run_args, monkeypatch):
     message = str(caught.value)
     assert caught.value.exit_code == 2
     assert run_args[0] in message and "allow_unsafe_run_args" in message and "\n" not in message
+
+
+def test_a_host_block_device_is_refused_whatever_its_name(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    disk = tmp_path / "innocent"
+    os.mknod(disk, stat.S_IFBLK | 0o600, os.makedev(7, 0))  # the host's first loop device, under another name
+    with pytest.raises(ConfigError, match="raw access to the host's disks"):
+        DockerEnvironment.check(DockerConfig(image=IMAGE, run_args=["--device", f"{disk}:/dev/xvda"]))
+    allowed = DockerEnvironment.check(DockerConfig(image=IMAGE, run_args=["--device", str(disk)], allow_unsafe_run_args=True))
+    assert allowed.run_args == ["--device", str(disk)]
 
 
 def test_the_engine_socket_in_docker_host_is_refused_too(monkeypatch, tmp_path):
@@ -223,7 +238,8 @@ def test_the_engine_socket_in_docker_host_is_refused_too(monkeypatch, tmp_path):
     "run_args",
     [["-v", "/tmp:/tmp"], ["-v", "/srv/project:/work:ro"], ["-v", "cache:/root/.cache"], ["-v", "/var/run"],
      ["--mount", "type=bind,source=/tmp,target=/t"], ["--mount", "type=volume,source=run,target=/t"],
-     ["--cap-add", "NET_ADMIN"], ["--security-opt", "no-new-privileges"], ["--uts", "private"], ["--ipc", "private"]],
+     ["--cap-add", "NET_ADMIN"], ["--security-opt", "no-new-privileges"], ["--uts", "private"], ["--ipc", "private"],
+     ["--device", "/dev/fuse"], ["--device-cgroup-rule", "c 10:229 rwm"]],
     ids=lambda args: " ".join(args),
 )
 def test_legitimate_run_args_are_accepted(run_args):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import stat
 from dataclasses import dataclass, field
 
 from miniswe.errors import ConfigError
@@ -157,6 +158,40 @@ def _risk(name: str, value: str, has_value: bool) -> str | None:
         return None
     if name == "--mount":
         return _mount_risk(value)
+    if name == "--device":
+        return _device_risk(value.partition(":")[0])
+    if name == "--device-cgroup-rule":
+        return _cgroup_rule_risk(lowered)
+    if name == "--volumes-from":
+        return ("mounts another container's volumes, which miniswe cannot check: they may hold the host's root or "
+                "its engine socket")
+    return None
+
+
+RAW_DEVICES = ("/dev/mem", "/dev/kmem", "/dev/port")  # the host's memory and I/O ports: character devices 1:1, 1:2, 1:4
+RAW_NUMBERS = ("*:*", "1:*", "1:1", "1:2", "1:4")
+
+
+def _cgroup_rule_risk(rule: str) -> str | None:
+    """--device-cgroup-rule 'TYPE MAJOR:MINOR ACCESS': a container may make device nodes (mknod is a default
+    capability), so a rule is as good as the device: any (a) or block (b) device, or the memory ones."""
+    kind, _, rest = rule.strip().strip("'\"").partition(" ")
+    numbers = rest.split()[0] if rest.split() else "*:*"
+    if kind in ("a", "b") or (kind == "c" and numbers in RAW_NUMBERS):
+        return "lets commands create and use the host's disks or memory as devices, beneath every file permission"
+    return None
+
+
+def _device_risk(path: str) -> str | None:
+    """--device PATH of the host's disks (any block device) or memory: commands could read and write the host
+    beneath every file permission. Devices such as /dev/fuse or a GPU are fine."""
+    resolved = os.path.realpath(path)
+    try:
+        block = stat.S_ISBLK(os.stat(resolved).st_mode)
+    except OSError:
+        block = False  # the engine says it does not exist
+    if block or resolved in RAW_DEVICES:
+        return "gives commands raw access to the host's disks or memory, beneath every file permission"
     return None
 
 
