@@ -26,7 +26,7 @@ import tempfile
 import time
 from typing import Any
 
-from miniswe.environments.processes import process_start
+from miniswe.environments.processes import process_start, running
 from miniswe.errors import SandboxError, UsageError
 
 INSTALL = "pip install 'miniswe[ray]'"
@@ -391,7 +391,7 @@ def _now_ticks() -> int:
 
 
 def _alive(pid: int, start: int) -> bool:
-    return _start_time(pid) == start if start else _start_time(pid) != 0
+    return running(pid, str(start) if start else "")
 
 
 def _read_pid(path: str, missing_ok: bool = False) -> tuple[int, int] | None:

@@ -36,6 +36,7 @@ from miniswe.environments.containers import (
 from miniswe.environments.execstep import KEEPER, ExecPerStep
 from miniswe.environments.executor import BOOT, NAME
 from miniswe.environments.local import QUIET_ENV
+from miniswe.environments.processes import stopped
 from miniswe.environments.resident import HEARTBEAT_S, Resident, StartFailed
 from miniswe.environments.runargs import read_run_args
 from miniswe.errors import ConfigError, SandboxError
@@ -442,10 +443,9 @@ class DockerEnvironment:
         try:
             if NAME not in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return None
-            state = Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
+        except OSError:
             return None
-        if state not in (b"T", b"t"):
+        if not stopped(int(pid)):
             return None
         return (f"miniswe's executor in container {self.name} (pid {pid} on this host) was stopped from outside "
                 "(SIGSTOP); the run cannot continue")

@@ -33,6 +33,12 @@ def process_start(pid: int) -> str | None:
     return fields[19]
 
 
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, or a tracer's stop): it runs nothing until continued."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/PID/stat's fields after the command name (which may hold spaces and parentheses), from field 3."""
     try:

@@ -15,6 +15,7 @@ from functools import cache
 
 from miniswe.environments import CommandResult
 from miniswe.environments.capture import CHUNK, BoundedBuffer
+from miniswe.environments.processes import stopped
 from miniswe.environments.executor import (
     BEAT,
     CONFIG,
@@ -196,17 +197,9 @@ class Resident:
             raise SandboxError(why)
         return self._result(buffer, started, None, sandbox_error=why)
 
-    def _stopped(self) -> bool:
-        try:
-            with open(f"/proc/{self.proc.pid}/stat", "rb") as stat:
-                state = stat.read().rpartition(b")")[2].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state in (b"T", b"t")
-
     def _client_stopped(self) -> str | None:
         """Our own client stopped (SIGSTOP by someone on this host) forwards nothing: say so instead of waiting."""
-        if not self._stopped():
+        if not stopped(self.proc.pid):
             return None
         self.broken = (f"the attached client of container {self.name} (pid {self.proc.pid}) was stopped from outside "
                        "(SIGSTOP); the run cannot continue")
@@ -328,7 +321,7 @@ class Resident:
         except OSError:
             pass
         try:
-            if self._stopped():  # a stopped client (SIGSTOP) would never end by itself
+            if stopped(self.proc.pid):  # a stopped client (SIGSTOP) would never end by itself
                 self.proc.kill()
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
