@@ -1,31 +1,30 @@
-"""The step loop: query the model, parse its one command, execute it, show the observation, repeat."""
+"""The step loop, in mini-swe-agent's shape: `run` -> `step` -> `query` -> `execute_actions`, each a method a
+subclass may override. `agent.kind` picks the class (a short name, or `package.module:Class`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import time
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from miniswe.compaction import Compactor
-from miniswe.config import Config
-from miniswe.environments import CommandResult, Environment
+from miniswe.context import RunContext
+from miniswe.environments import Environment
 from miniswe.environments.capture import elision_notice
-from miniswe.errors import SandboxError
+from miniswe.errors import ContextLengthError, SandboxError
 from miniswe.hooks import CommandEvent, HookError, Hooks, ModelCall, ReplyEvent, RunEnd, RunStart, StepEvent, load_hooks
-from miniswe.limits import BudgetWarnings, Limits
-from miniswe.models import Model, Reply
+from miniswe.limits import BudgetWarnings
+from miniswe.models import Model
 from miniswe.policy import CommandPolicy
-from miniswe.protocol import FormatError, submission
+from miniswe.protocol import SHELL_TOOLS, Action, FormatError, Reply, answer, make_protocol, submission, unanswered
 from miniswe.repeats import RepeatDetector
-from miniswe.signals import Stop
-from miniswe.skills import SkillError, catalog, load_skills, read_skill
+from miniswe.skills import catalog, load_skills
 from miniswe.status import ExitStatus, Outcome, interrupted, outcome_of
-from miniswe.templates import Renderer, number, prompt_variables
-from miniswe.tools import FILE_TOOLS, SHELL_TOOLS, SKILL, SUBAGENT, Action, files
-from miniswe.trajectory import Step, Trajectory, TrajectoryWriter, following, made_by
+from miniswe.templates import number, prompt_variables
+from miniswe.tools import Toolbox
+from miniswe.trajectory import Step, TrajectoryWriter, following, made_by
 from miniswe.usage import Usage
-from miniswe.wire import HUMAN_THOUGHT, answer, make_wire, unanswered  # noqa: F401  (HUMAN_THOUGHT: chat's)
 
 
 def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str, int]:
@@ -47,97 +46,166 @@ def bounded_view(output: str, limit: int, capture_elided: int = 0) -> tuple[str,
     return view, len(head) + len(tail) - limit + capture_elided
 
 
+class RunEnded(Exception):
+    """Raised by a step to end the run with `outcome` (a hook that stops the run before a model call)."""
+
+    def __init__(self, outcome: Outcome):
+        super().__init__(outcome.detail or str(outcome.status))
+        self.outcome = outcome
+
+
 class Agent:
     """Runs one task's conversation. `run` returns the outcome the loop decided (submission, a limit, a stop, a
-    hook) and lets failures it cannot decide on (model, sandbox, bugs) escape for the caller's outcome_of.
+    hook) and lets failures it cannot decide on (model, sandbox, bugs) escape for the runner's outcome_of.
 
     Everything that observes or steers the loop is a hook (miniswe/hooks.py), called in this order: the
     command policy, loop detection, budget warnings, the config's hooks, the caller's (display, batch
     progress, approval), and last the trajectory writer, so the record holds what the others decided.
 
-    The wire (miniswe/wire.py) says what a request carries and how a reply becomes actions: one fenced command
-    (text), or each native tool call (tools). Each action is a step: asked about (before_command), run,
-    recorded and observed the same way, whatever protocol brought it.
+    The protocol (miniswe/protocol.py) says what a request carries and how a reply becomes actions: one fenced
+    command (text), or each native tool call (tools). Each action is a step: asked about (before_command), run
+    through the toolbox (miniswe/tools), recorded and observed the same way, whatever protocol brought it.
     """
 
-    def __init__(
-        self,
-        config: Config,
-        model: Model,
-        env: Environment,
-        trajectory: Trajectory,
-        *,
-        renderer: Renderer,
-        stop: Stop,
-        hooks: Sequence[Any] = (),
-        scrub: Callable[[str], str] = lambda text: text,
-        scrub_cut: Callable[[str, str], str] | None = None,
-        notify: Callable[[str], None] = lambda message: None,
-        ask: Callable[[str, str], bool] | None = None,
-        delegation: Any = None,
-        depth: int = 0,
-    ):
-        self.config = config
-        self.model = model
-        self.env = env
-        self.trajectory = trajectory
-        self.renderer = renderer
-        self.stop = stop
-        self.scrub = scrub
-        # scrub_cut(output, elision notice): also masks the pieces of a secret the capture's cut went through
-        self.scrub_cut = scrub_cut or (lambda text, notice: scrub(text))
-        self.notify = notify
+    def __init__(self, ctx: RunContext, model: Model, env: Environment):
+        self.ctx = ctx
+        self.config = config = ctx.config
+        self.model, self.env = model, env
+        self.trajectory = trajectory = ctx.trajectory
+        self.limits = ctx.limits
         self.messages: list[dict[str, Any]] = []
         self.format_errors = 0
-        self.limits = Limits(config.agent)
-        self.delegation = delegation  # sub-agents (miniswe/subagents.py), when this run may start them
-        if delegation is not None:
-            delegation.bind(self)
-        self.skills, problems = load_skills(config.agent.skills_dirs)
+        if ctx.delegation is not None:
+            ctx.delegation.bind(self)
+        skills, problems = load_skills(config.agent.skills_dirs)
         for problem in problems:
             trajectory.warn(problem, once=True)
         # skills are read with `miniswe skill` (local commands) or the skill tool; elsewhere they cannot be read
         tools = config.protocol.kind == "tools"
-        readable = self.skills if tools or config.environment.kind == "local" else []
-        self.wire = make_wire(config, skills=bool(readable), subagents=delegation is not None)
+        readable = skills if tools or config.environment.kind == "local" else []
+        self.tools = Toolbox(config, env, ctx.stop, skills=readable, delegation=ctx.delegation)
+        self.protocol = make_protocol(config, self.tools.offered)
         self.variables = prompt_variables(config, env.describe().get("cwd", ""), skills=catalog(readable),
-                                          subagents=delegation is not None, depth=depth, tools=self.wire.tools)
-        self.context = Compactor(config.agent, trajectory, model, renderer, notify, request=self.wire.request)
-        kind = config.environment.kind
-        policy = CommandPolicy(config.policy, environment_kind=kind, ask=ask)
+                                          subagents=ctx.delegation is not None, depth=ctx.depth,
+                                          tools=self.protocol.tools)
+        self.compactor = Compactor(config.agent, trajectory, model, ctx.renderer, ctx.notify,
+                                   request=self.protocol.request)
+        policy = CommandPolicy(config.policy, environment_kind=config.environment.kind, ask=ctx.ask)
         self.repeats = RepeatDetector(config.agent.max_repeats)
         self.hooks = Hooks([
             policy,
             self.repeats,
             BudgetWarnings(self.limits, trajectory.usage),
             *load_hooks(config.agent.hooks),
-            *hooks,
+            *ctx.hooks,
             policy.rewritten(),
-            TrajectoryWriter(trajectory, notify),
+            TrajectoryWriter(trajectory, ctx.notify),
         ])
 
-    def run(self, task: str, instance: dict[str, Any] | None = None, *, started: float | None = None) -> Outcome:
-        """Run until submission, a limit, a stop or a hook's end; the trajectory is on disk after every step.
-        `started` (time.monotonic): when agent.time_limit began to count, if before now (the run's setup)."""
-        self._begin()
-        if started is not None:
-            self.limits.started = started
-        first = [{"role": "system", "content": self.renderer.render("system.j2", **self.variables)},
-                 {"role": "user", "content": self.renderer.render("instance.j2", task=task, instance=instance or {},
-                                                                   **self.variables)}]
-        self.messages += [{"role": m["role"], "content": m["content"]} for m in first]
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def run(self, task: str, instance: dict[str, Any] | None = None) -> Outcome:
+        """Run until submission, a limit, a stop or a hook's end; the trajectory is on disk after every step."""
+        self.trajectory.describe(model=self.model.describe())
+        first = [{"role": "system", "content": self.render("system.j2")},
+                 {"role": "user", "content": self.render("instance.j2", task=task, instance=instance or {})}]
+        self.messages += [dict(m) for m in first]
         self.hooks("on_run_start", RunStart(task, first))
         return self._loop()
 
+    def step(self) -> Outcome | None:
+        """One model call, and the steps its actions make; the outcome that ends the run, if one does."""
+        return self.execute_actions(self.query())
+
+    def query(self) -> Reply:
+        """The model's reply to the conversation as it is sent (compacted when it would not fit the window)."""
+        sent = self.compactor.prepare(self.messages, self.limits.deadline)
+        call = self.hooks("before_model_call", ModelCall(len(self.trajectory.steps) + 1, sent))
+        if call.stop:
+            raise RunEnded(call.stop)
+        for attempt in itertools.count():
+            try:
+                reply = self.model.complete(sent, deadline=self.limits.deadline, **self.protocol.request())
+            except ContextLengthError as error:
+                sent = self.compactor.refused(self.messages, sent, error, attempt, self.limits.deadline)
+                continue
+            self.compactor.answered(sent, reply)
+            return reply
+        raise AssertionError("unreachable")
+
+    def execute_actions(self, reply: Reply, typed: Action | None = None) -> Outcome | None:
+        """The rest of a model call, once its reply is in: read its actions (the one command, or each tool call;
+        `typed`: a person's command instead), then for each in turn a step: ask the hooks, run it, observe. The
+        first outcome ends the reply's steps; calls left are answered as not run."""
+        first = len(self.trajectory.steps) + 1
+        self.messages.append(self.protocol.assistant(reply))
+        self.hooks("after_reply", ReplyEvent(first, reply))
+        made = made_by(reply)
+        actions = [typed] if typed is not None else self.protocol.actions(reply)
+        # a reply that ran nothing counts once against max_format_errors, however many calls it botched
+        self.format_errors = 0 if any(action.error is None for action in actions) else self.format_errors + 1
+        outcome = None
+        for action in actions:
+            number_ = first + action.index
+            record = made if action.index == 0 else following(made)
+            if action.index and self.ctx.stop.outcome:  # a stop is noticed between steps, the calls of a reply too
+                outcome = self.ctx.stop.outcome
+            elif action.error is not None:
+                outcome = self._reject(Step(number_, format_error=action.error.kind, tool_call=action.record(),
+                                            **record), action.error)
+            else:
+                outcome = self.execute(action, number_, record)
+            if outcome is not None:
+                self._close_calls(f"the run ended ({outcome.status}) before this call")
+                break
+        return outcome
+
+    def execute(self, action: Action, number_: int, made: dict[str, Any]) -> Outcome | None:
+        """One action's step: ask the hooks, run it through the toolbox, record and observe it."""
+        call = action.record()
+        ask = self.hooks("before_command", CommandEvent(number_, action.command, made["thought"], proposed=action.command,
+                                                        tool=action.tool, tool_call=call))
+        proposed = action.command if ask.command != action.command else None
+        if ask.veto:
+            step = Step(number_, command=ask.command, refused=ask.veto, proposed=proposed, tool_call=call, **made)
+            return self._after(step, lambda: self._observation(step, 0))
+        if proposed is not None:
+            action = action.as_bash(ask.command)
+        timeout = self.limits.command_timeout(self.config.environment.timeout)
+        result, children = self.tools.run(number_, action, timeout)
+        for link in children:  # a sub-agent's usage is the run's: counted before the hooks look at the budget
+            self.trajectory.add_usage(Usage.from_dict(link.get("usage")))
+        # a command that found a secret (a .env file) must not record it, nor a piece of it where the capture cut
+        notice = elision_notice(result.elided_chars) if result.elided_chars else ""
+        output = self.ctx.secrets.scrub_cut(result.output, notice)
+        step = Step(number_, command=ask.command, returncode=result.returncode, timed_out=result.timed_out,
+                    output=output, output_chars=result.output_chars, elided_chars=result.elided_chars,
+                    duration_s=round(result.duration_s, 4), aborted=self._aborted(result), proposed=proposed,
+                    tool_call=call, children=[self._scrubbed(link) for link in children] or None, **made)
+        if result.sandbox_error or result.interrupted:
+            self.hooks("after_command", StepEvent(step, ""))  # recorded; the run ends without telling the model
+            if result.sandbox_error:
+                raise SandboxError(result.sandbox_error)
+            return self.ctx.stop.outcome or interrupted("SIGINT")
+        stopped = self._after(step, lambda: self._observation(step, timeout))
+        submitted = self._submitted(step, shell=action.tool in SHELL_TOOLS)
+        if submitted or stopped:
+            return submitted or stopped
+        if result.timed_out and self.limits.time_left() <= 0:
+            return self.limits.out_of_time("a command")
+        return None
+
+    def render(self, template: str, **variables: Any) -> str:
+        """A prompt template, with what every prompt may say about the run."""
+        return self.ctx.renderer.render(template, **{**self.variables, **variables})
+
+    # -- going on with a recorded conversation ----------------------------------------------------------------
     def resume(self, *, fork: bool = False) -> Outcome:
         """Go on with the conversation the trajectory holds, from its last finished step: the model sees exactly
         what it saw, and no call is made again. A command cut short (the run's end, or miniswe's death while it
         ran) is reported to the model as such, not run again behind its back. A run whose last recorded step
         ended it ends so; a `fork` goes on from its last kept step whatever it did (another model or other
-        limits may take it further)."""
-        self._begin()
-        # agent.time_limit bounds the whole run: the time before a kill or an earlier end counts too
-        self.limits.started -= self.trajectory.wall_s_so_far()
+        limits may take it further). The run's clock counts the recorded time (see RunContext.open)."""
+        self.trajectory.describe(model=self.model.describe())
         repeated = self.repeats.recall(self.trajectory.steps)  # before a command cut short is recorded, seen live
         self.load_context([m.wire() for m in self.trajectory.messages])
         self.trajectory.save()
@@ -188,49 +256,19 @@ class Agent:
             self._tell(last, self._observation(last, self.config.environment.timeout))
         self._close_calls("the run stopped before this call")
 
-    def turn(self, task: str) -> Outcome:
-        """A chat turn: the person's message (rendered like a run's task), then the loop until an outcome. Limits
-        count this turn only; the trajectory keeps the session's totals. Hooks see the turn as a run: it starts
-        (with its new messages) and ends (with its outcome)."""
-        self._begin(turn=True)
-        if self.messages:
-            self.settle()
-        first = self._opening()
-        first.append({"role": "user", "content": self.renderer.render("instance.j2", task=task, instance={},
-                                                                      **self.variables)})
-        self.messages += first
-        self.hooks("on_run_start", RunStart(task, first))
-        return self._loop()
+    def close_calls(self) -> None:
+        """Answer the tool calls the run stopped before (chat's /compact asks the model outside the loop)."""
+        self._close_calls("the run stopped before this call")
 
-    def act(self, command: str) -> Outcome | None:
-        """A step whose command the person typed (chat's human mode): run and recorded like the model's, through
-        the same hooks, and shown to the model in the conversation as typed by the person; no model call is
-        made. The step's outcome: a submission, a stop, or None."""
-        self._begin(turn=True)
-        if self.messages:
-            self.settle()
-        first = self._opening()
-        self.messages += first
-        self.hooks("on_run_start", RunStart(command, first))
-        number_ = len(self.trajectory.steps) + 1
-        reply, action = self.wire.typed(command, number_)
-        return self._until_end(lambda: self.stop.outcome or self._answer(number_, reply, action))
-
-    def _opening(self) -> list[dict[str, str]]:
-        """The system message, when the conversation has none yet (a chat session's first turn, or after /clear)."""
-        if self.messages:
-            return []
-        return [{"role": "system", "content": self.renderer.render("system.j2", **self.variables)}]
-
-    def _begin(self, *, turn: bool = False) -> None:
-        self.limits.begin(self.trajectory.usage if turn else None)
-        self.trajectory.describe(model=self.model.describe())
-
+    # -- inside ------------------------------------------------------------------------------------------------
     def _loop(self) -> Outcome:
         def steps() -> Outcome:
             outcome = None
             while outcome is None:
-                outcome = self.stop.outcome or self.limits.reached(self.trajectory.usage) or self.step()
+                try:
+                    outcome = self.ctx.stop.outcome or self.limits.reached(self.trajectory.usage) or self.step()
+                except RunEnded as ended:
+                    outcome = ended.outcome
             return outcome
 
         return self._until_end(steps)
@@ -241,7 +279,7 @@ class Agent:
         try:
             outcome = work()
         except (Exception, KeyboardInterrupt) as error:  # SystemExit and the like are not a run's end
-            self._run_end(outcome_of(error, self.stop.outcome))
+            self._run_end(outcome_of(error, self.ctx.stop.outcome))
             raise
         if outcome is not None:
             self._run_end(outcome)
@@ -251,78 +289,7 @@ class Agent:
         try:
             self.hooks("on_run_end", RunEnd(outcome))
         except HookError as error:
-            self.trajectory.warn(str(error))
-            self.notify(f"warning: {error}")
-
-    def step(self) -> Outcome | None:
-        number_ = len(self.trajectory.steps) + 1
-        sent = self.context.prepare(self.messages, self.limits.deadline)
-        call = self.hooks("before_model_call", ModelCall(number_, sent))
-        if call.stop:
-            return call.stop
-        reply = self.context.complete(self.messages, sent, self.limits.deadline)
-        return self._answer(number_, reply)
-
-    def _answer(self, first: int, reply: Reply, typed: Action | None = None) -> Outcome | None:
-        """The rest of a model call, once its reply is in: read its actions (the one command, or each tool call;
-        `typed`: the person's command instead), then for each in turn a step: ask the hooks, run it, observe. The
-        first outcome ends the reply's steps; calls left are answered as not run."""
-        self.messages.append(self.wire.assistant(reply))
-        self.hooks("after_reply", ReplyEvent(first, reply))
-        made = made_by(reply)
-        actions = [typed] if typed is not None else self.wire.actions(reply)
-        # a reply that ran nothing counts once against max_format_errors, however many calls it botched
-        self.format_errors = 0 if any(action.error is None for action in actions) else self.format_errors + 1
-        outcome = None
-        for action in actions:
-            number_ = first + action.index
-            record = made if action.index == 0 else following(made)
-            if action.index and self.stop.outcome:  # a stop is noticed between steps, the calls of a reply too
-                outcome = self.stop.outcome
-            elif action.error is not None:
-                outcome = self._reject(Step(number_, format_error=action.error.kind, tool_call=action.record(),
-                                            **record), action.error)
-            else:
-                outcome = self._run(number_, action, record)
-            if outcome is not None:
-                self._close_calls(f"the run ended ({outcome.status}) before this call")
-                break
-        return outcome
-
-    def _run(self, number_: int, action: Action, made: dict[str, Any]) -> Outcome | None:
-        """One action's step: ask the hooks, run it, record and observe it."""
-        call = action.record()
-        ask = self.hooks("before_command", CommandEvent(number_, action.command, made["thought"], proposed=action.command,
-                                                        tool=action.tool, tool_call=call))
-        proposed = action.command if ask.command != action.command else None
-        if ask.veto:
-            step = Step(number_, command=ask.command, refused=ask.veto, proposed=proposed, tool_call=call, **made)
-            return self._after(step, lambda: self._observation(step, 0))
-        if proposed is not None:
-            action = action.as_bash(ask.command)
-        timeout = self.limits.command_timeout(self.config.environment.timeout)
-        result, children = self._execute(number_, action, timeout)
-        for link in children:  # a sub-agent's usage is the run's: counted before the hooks look at the budget
-            self.trajectory.add_usage(Usage.from_dict(link.get("usage")))
-        # a command that found a secret (a .env file) must not record it, nor a piece of it where the capture cut
-        notice = elision_notice(result.elided_chars) if result.elided_chars else ""
-        output = self.scrub_cut(result.output, notice) if notice else self.scrub(result.output)
-        step = Step(number_, command=ask.command, returncode=result.returncode, timed_out=result.timed_out,
-                    output=output, output_chars=result.output_chars, elided_chars=result.elided_chars,
-                    duration_s=round(result.duration_s, 4), aborted=self._aborted(result), proposed=proposed,
-                    tool_call=call, children=[self._scrubbed(link) for link in children] or None, **made)
-        if result.sandbox_error or result.interrupted:
-            self.hooks("after_command", StepEvent(step, ""))  # recorded; the run ends without telling the model
-            if result.sandbox_error:
-                raise SandboxError(result.sandbox_error)
-            return self.stop.outcome or interrupted("SIGINT")
-        stopped = self._after(step, lambda: self._observation(step, timeout))
-        submitted = self._submitted(step, shell=action.tool in SHELL_TOOLS)
-        if submitted or stopped:
-            return submitted or stopped
-        if result.timed_out and self.limits.time_left() <= 0:
-            return self.limits.out_of_time("a command")
-        return None
+            self.ctx.warn(str(error))
 
     def _submitted(self, step: Step, *, shell: bool) -> Outcome | None:
         """The end a step's output brings: a submission (only a shell command's: a file whose first line is the
@@ -339,56 +306,18 @@ class Agent:
                            "environment.capture_limit (0 = no limit) and run the task again")
         return Outcome(ExitStatus.SUBMITTED, None, submitted)
 
-    def _execute(self, number_: int, action: Action, timeout: float) -> tuple[CommandResult, list[dict[str, Any]]]:
-        """Run an action: a shell command in the environment (the file tools' too, as a command of their own
-        worker), a skill read here, or a sub-agent; its result and the sub-agents it ran."""
-        if action.tool in FILE_TOOLS:
-            refused = files.too_large(action.tool, action.arguments)
-            if refused:
-                return CommandResult(refused, 1, False, 0.0, len(refused)), []
-            command = files.worker_command(action.tool, action.arguments, max_chars=files.read_limit(self.config),
-                                           python=files.python_for(self.config.environment.kind))
-            result = self._shell(command, timeout)
-            return dataclasses.replace(result, output=files.explain_failure(result.output, result.returncode)), []
-        if action.tool == SKILL:
-            started = time.monotonic()
-            try:
-                text, code = read_skill(self.skills, action.arguments["name"], action.arguments.get("file") or ""), 0
-            except SkillError as error:
-                text, code = f"error: {error}", 1
-            return CommandResult(text, code, False, time.monotonic() - started, len(text)), []
-        delegation = self.delegation
-        if delegation is None:
-            return self._shell(action.command, timeout), []
-        delegation.begin(number_, timeout)
-        try:
-            if action.tool != SUBAGENT:
-                return self._shell(action.command, timeout), delegation.end()
-            from miniswe.subagents import summary
-
-            started = time.monotonic()
-            link = delegation.run(action.arguments["task"], env=self.env)
-            text, code = summary(link)
-            return CommandResult(text, code, False, time.monotonic() - started, len(text)), delegation.end()
-        except BaseException:
-            delegation.end()
-            raise
-
-    def _shell(self, command: str, timeout: float) -> CommandResult:
-        with self.stop.cancelling(self.env.interrupt):
-            return self.env.execute(command, timeout=timeout)
-
     def _scrubbed(self, link: dict[str, Any]) -> dict[str, Any]:
         """A sub-agent's link as the step records it (its submission is in its own trajectory, and in the output)."""
-        return {key: self.scrub(value) if isinstance(value, str) else value for key, value in link.items()
+        scrub = self.ctx.secrets.scrub
+        return {key: scrub(value) if isinstance(value, str) else value for key, value in link.items()
                 if key != "submission"}
 
-    def _aborted(self, result: CommandResult) -> str | None:
+    def _aborted(self, result: Any) -> str | None:
         if result.sandbox_error:
             return str(ExitStatus.SANDBOX_ERROR)
         if not result.interrupted:
             return None
-        stop = self.stop.outcome
+        stop = self.ctx.stop.outcome
         return stop.detail if stop and stop.status is ExitStatus.INTERRUPTED and stop.detail else "stopped"
 
     def _reject(self, step: Step, error: FormatError) -> Outcome | None:
@@ -396,12 +325,9 @@ class Agent:
         if limit and self.format_errors >= limit:
             self.hooks("after_command", StepEvent(step, ""))
             return Outcome(ExitStatus.REPEATED_FORMAT_ERROR, f"{self.format_errors} malformed replies in a row; last: {error}")
-        guidance = self.renderer.render(
-            "format_error.j2", reason=error.kind, error=str(error),
-            errors_left=(limit - self.format_errors) if limit else "Further",
-            action_tag=self.variables["action_tag"], submit_marker=self.variables["submit_marker"],
-            protocol=self.wire.kind,
-        )
+        guidance = self.render("format_error.j2", reason=error.kind, error=str(error),
+                               errors_left=(limit - self.format_errors) if limit else "Further",
+                               protocol=self.protocol.kind)
         return self._after(step, lambda: guidance)
 
     def _observation(self, step: Step, timeout: float) -> str:
@@ -421,7 +347,7 @@ class Agent:
         if step.refused:
             return f"<returncode>refused</returncode>\n<warning>The command did not run: {step.refused}</warning>"
         view, not_shown = bounded_view(step.output, self.config.agent.output_limit, step.elided_chars)
-        return self.renderer.render(
+        return self.ctx.renderer.render(
             "observation.j2", output=view, returncode=step.returncode, timed_out=step.timed_out,
             command_timeout=number(round(timeout, 1)), elided_chars=not_shown, output_chars=step.output_chars,
             duration_s=round(step.duration_s, 3), aborted=step.aborted,
@@ -443,10 +369,6 @@ class Agent:
         message = answer(step, text)
         self.messages.append(message)
         self.trajectory.add_message(message["role"], text, step.step, tool_call_id=message.get("tool_call_id"))
-
-    def close_calls(self) -> None:
-        """Answer the tool calls the run stopped before (chat's /compact asks the model outside the loop)."""
-        self._close_calls("the run stopped before this call")
 
     def _close_calls(self, why: str) -> None:
         for call_id in unanswered(self.messages):

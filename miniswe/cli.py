@@ -24,8 +24,10 @@ QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="Print only the fi
 
 def fail(error: Exception) -> NoReturn:
     """One line on stderr, then the exit code of the error's class."""
+    from miniswe.status import error_exit_code
+
     print(f"miniswe: {visible(str(error))}", file=sys.stderr)  # a server's message is not trusted with the terminal
-    raise typer.Exit(getattr(error, "exit_code", 3))
+    raise typer.Exit(error_exit_code(error))
 
 
 def _read_task(task: str | None, task_file: str | None) -> str:
@@ -87,15 +89,21 @@ def run(
             from miniswe import resume as resuming
 
             services["on_check"] = lambda checked: display.notice(_checked_line(checked))
+
+            def configure(recorded: dict):
+                return resolve_config(config, flags, base=recorded)
+
             with SignalHandlers(stop, first_urgent=True):
-                result = (resuming.resume(resume, config, flags, force=force, **services) if resume else
-                          resuming.fork_run(fork, from_step, output, config, flags, force=force, **services))
+                result = (resuming.resume(resume, configure, force=force, **services) if resume else
+                          resuming.fork_run(fork, from_step, output, configure, force=force, **services))
             if result.diverged:
                 print(f"miniswe: stopped: the fresh environment does not replay the recording at {result.diverged}; "
                       "pass --force to go on anyway", file=sys.stderr)
                 if result.diverged.diff:
                     print(visible(result.diverged.diff), file=sys.stderr)
-                raise typer.Exit(3)
+                from miniswe.status import EXIT_INFRA
+
+                raise typer.Exit(EXIT_INFRA)
         else:
             result = _run_new(_read_task(task, task_file), config, flags, output, stop, services)
     except MinisweError as error:
@@ -145,14 +153,11 @@ def _run_new(task: str, config: list[str], flags: dict, output: str | None, stop
 
 
 def _ready_config(config: list[str], flags: dict, task: str = ""):
-    """The config of a run or a chat, its secrets known to every printer, checked ready to start: (config, renderer)."""
+    """The config of a run or a chat, checked ready to start: (config, renderer)."""
     from miniswe.errors import UsageError
-    from miniswe.output import add_secrets
-    from miniswe.redaction import run_secrets
     from miniswe.runner import check_ready
 
     cfg = resolve_config(config, flags)
-    add_secrets(run_secrets(cfg))
     cwd = cfg.environment.cwd
     if cfg.environment.kind == "local" and cwd and not os.path.isdir(cwd):
         where = f"--cwd {cwd}" if flags["cwd"] else f"environment.cwd: {cwd}"
@@ -281,7 +286,8 @@ def replay(
             from miniswe.config import override
 
             cfg = override(cfg, replay={"masks": [*cfg.replay.masks, *mask]})
-        add_secrets(run_secrets(cfg))
+        secrets = run_secrets(cfg)
+        add_secrets(secrets)
         if cfg.environment.kind == "local":
             recorded = cfg.environment.cwd or recording.environment.get("cwd")
             if not recorded:
@@ -301,20 +307,21 @@ def replay(
                 print(f"miniswe: {visible(_checked_line(checked))}", file=sys.stderr, flush=True)
 
         with SignalHandlers(stop, first_urgent=True) as signals:
-            count, divergence = replay_recording(recording, cfg, until=until, stop=stop, on_check=progress)
+            count, divergence = replay_recording(recording, cfg, until=until, stop=stop, on_check=progress,
+                                                 scrub=secrets.scrub)
     except MinisweError as error:
         fail(error)
-    if signals.signal_name:
-        from miniswe.status import signal_exit_code
+    from miniswe.status import EXIT_DIVERGED, signal_exit_code
 
+    if signals.signal_name:
         raise typer.Exit(signal_exit_code(signals.signal_name))
     if divergence:
         print(visible(f"diverged at {divergence}" + (f"\n{divergence.diff}" if divergence.diff else "")), flush=True)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_DIVERGED)
     if ended:
         print(f"incomplete: {count} command(s) gave their recorded output, but the replay stopped at {ended[0]} "
               "(it ran a sub-agent, whose model calls are not made again); the steps after it were not checked", flush=True)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_DIVERGED)
     unchecked = f"; {', '.join(skipped)} cut short in the recording: ran again, output not compared" if skipped else ""
     print(f"matched: {count} command(s) gave their recorded output{unchecked}", flush=True)
 
@@ -390,7 +397,9 @@ def inspect_command(
     except MinisweError as error:
         fail(error)
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        from miniswe.status import signal_exit_code
+
+        raise typer.Exit(signal_exit_code("SIGINT")) from None
 
 
 @app.command()
@@ -455,7 +464,9 @@ def _run_batch(cfg, options) -> None:
     try:
         result = run_batch(cfg, options)
     except KeyboardInterrupt:  # before the batch's own handlers are in place: nothing has started yet
-        raise typer.Exit(130) from None
+        from miniswe.status import signal_exit_code
+
+        raise typer.Exit(signal_exit_code("SIGINT")) from None
     if options.quiet:
         counts = " · ".join(f"{status} {count}" for status, count in result.report["by_status"].items())
         resolved = f" · resolved {result.report['resolved']}/{result.report['evaluated']}" if result.report["evaluated"] else ""

@@ -82,24 +82,21 @@ class Compactor:
             projected = self.project(messages)
         return projected
 
-    def complete(self, messages: Sequence[dict[str, Any]], projected: list[dict[str, Any]],
-                 deadline: float | None) -> Reply:
-        """The model's reply to `projected`; a context-length refusal compacts further and asks again."""
-        for attempt in range(OVERFLOW_RETRIES + 1):
-            try:
-                reply = self.model.complete(projected, deadline=deadline, **self.request())
-            except ContextLengthError as error:
-                if attempt == OVERFLOW_RETRIES:
-                    raise
-                self._learn(projected, error)
-                if not self.compact(messages, deadline, why="the endpoint refused the prompt's length"):
-                    raise self._no_fit(messages, error) from None
-                projected = self.project(messages)
-                continue
-            if reply.usage.prompt_tokens > 0:
-                self.rate = reply.usage.prompt_tokens / max(1, _chars(projected))
-            return reply
-        raise AssertionError("unreachable")
+    def refused(self, messages: Sequence[dict[str, Any]], projected: list[dict[str, Any]], error: ContextLengthError,
+                attempt: int, deadline: float | None) -> list[dict[str, Any]]:
+        """What to send instead of `projected` after the endpoint refused its length (the `attempt`-th refusal of
+        this call): learn the window from the refusal, compact further; raised on when nothing more can be cut."""
+        if attempt >= OVERFLOW_RETRIES:
+            raise error
+        self._learn(projected, error)
+        if not self.compact(messages, deadline, why="the endpoint refused the prompt's length"):
+            raise self._no_fit(messages, error) from None
+        return self.project(messages)
+
+    def answered(self, projected: list[dict[str, Any]], reply: Reply) -> None:
+        """A reply to `projected` came: its prompt tokens tell the tokenizer's rate."""
+        if reply.usage.prompt_tokens > 0:
+            self.rate = reply.usage.prompt_tokens / max(1, _chars(projected))
 
     # -- the projection ------------------------------------------------------------------------------------
     def project(self, messages: Sequence[dict[str, Any]], end: int | None = None) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The miniswe error tree. The CLI turns each into one line on stderr and an exit code.
+"""The miniswe error tree. The CLI turns each into one line on stderr and the exit code status.error_exit_code gives.
 
     MinisweError
     ├── UsageError        bad input: CLI usage, config, task file, trajectory file   → exit 2
@@ -15,15 +15,14 @@ Expected outcomes (limits, format errors, timeouts) are exit statuses, never exc
 only carry such an outcome out of a model call, and status.outcome_of turns them back into one.
 """
 
-from miniswe.status import EXIT_BAD_INPUT, EXIT_INFRA
 
 
 class MinisweError(Exception):
-    exit_code = EXIT_INFRA
+    pass
 
 
 class UsageError(MinisweError):
-    exit_code = EXIT_BAD_INPUT
+    pass
 
 
 class ConfigError(UsageError):

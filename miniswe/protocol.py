@@ -1,4 +1,12 @@
-"""The text protocol: find the one action block in a model reply, and recognise a submission.
+"""How the loop and the model talk (`protocol.kind`): what a reply is, how it becomes actions, what a request
+carries, how an observation answers. The agent asks its protocol and is otherwise the same loop for both kinds:
+
+- text (the default): the reply holds one fenced command; the observation is a user message.
+- tools: each request offers the run's tools; each call of a reply is an action and a step of its own; each
+  observation is a `tool` message answering its call by `tool_call_id`, and a reply that called nothing is
+  answered by a user message.
+
+Reading the one action block of a text reply, and recognising a submission:
 
 Decisions on what real replies contain (each covered in tests/test_protocol.py):
 - Fences follow CommonMark: up to 3 spaces of indent, ``` or ~~~ (3 or more), info string's first
@@ -22,9 +30,14 @@ Decisions on what real replies contain (each covered in tests/test_protocol.py):
 
 from __future__ import annotations
 
+import difflib
+import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from miniswe.usage import Usage
 
 DEFAULT_ACTION_TAGS = ("mswea_bash_command", "bash")
 DEFAULT_SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -185,3 +198,223 @@ def submission(output: str, returncode: int | None, marker: str = DEFAULT_SUBMIT
     if first.strip() != marker:
         return None
     return rest
+
+
+# -- what a model call returns --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    """One native tool call of a reply (protocol.kind: tools): `arguments` is the JSON text the model wrote,
+    unparsed, so a malformed one can be shown back to it."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_wire(self) -> dict[str, Any]:
+        """The call as an assistant message carries it (OpenAI's shape)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    @classmethod
+    def from_wire(cls, data: Any, index: int = 0) -> ToolCall:
+        """A call as an endpoint or a trajectory gives it; missing parts become empty text (the parser says so)."""
+        data = data if isinstance(data, dict) else {}
+        function = data.get("function") if isinstance(data.get("function"), dict) else {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):  # some servers send the object itself
+            arguments = "" if arguments is None else json.dumps(arguments)
+        return cls(str(data.get("id") or f"call_{index + 1}"), str(function.get("name") or ""), arguments)
+
+
+@dataclass
+class Reply:
+    content: str
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=lambda: Usage(model_calls=1))
+    latency_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)  # what was wrong with the answer but not fatal (odd usage figures)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # native tool calls (protocol.kind: tools)
+
+
+# -- a reply as actions -----------------------------------------------------------------------------------------
+BASH, SUBMIT = "bash", "submit"  # the shell tools: their command is shell, a submission may come of it
+SHELL_TOOLS = (BASH, SUBMIT)
+# What the model sees before a command the person typed in chat's human mode, in place of its own thought.
+HUMAN_THOUGHT = "THOUGHT: (the person typed this command and ran it themselves)"
+_TYPES = {"string": str, "integer": int, "boolean": bool}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing a reply asked for: a call to run (or the text protocol's command), or a format error."""
+
+    tool: str  # bash for the text protocol's command
+    command: str | None  # the shell command, or a readable rendering of the call; None for a format error
+    arguments: dict[str, Any] = field(default_factory=dict)
+    call: ToolCall | None = None  # the tool call it answers (tools only)
+    index: int = 0  # its place among the reply's calls
+    error: FormatError | None = None
+
+    def record(self) -> dict[str, Any] | None:
+        """The step's `tool_call`."""
+        if self.call is None:
+            return None
+        return {"id": self.call.id, "name": self.call.name, "arguments": self.call.arguments, "index": self.index}
+
+    def as_bash(self, command: str) -> Action:
+        """The same call running another command (a hook or a person rewrote it): a shell command now."""
+        return Action(BASH, command, {"command": command}, self.call, self.index)
+
+
+class TextProtocol:
+    kind = "text"
+
+    def __init__(self, config: Any, offered: dict[str, Any] | None = None):
+        self.action_tags = config.protocol.action_tags
+        self.submit_marker = config.protocol.submit_marker
+        self.offered = offered or {}  # the tools a tools protocol offers, by name (see miniswe/tools)
+
+    @property
+    def tools(self) -> tuple[str, ...]:
+        return tuple(self.offered) if self.kind == "tools" else ()
+
+    def request(self) -> dict[str, Any]:
+        """What every model call carries besides the messages."""
+        return {}
+
+    def assistant(self, reply: Reply) -> dict[str, Any]:
+        return {"role": "assistant", "content": reply.content}
+
+    def actions(self, reply: Reply) -> list[Action]:
+        try:
+            if reply.finish_reason == "length":
+                raise FormatError("truncated", "the reply was cut off at the token limit (finish_reason=length)")
+            return [Action(BASH, parse_command(reply.content, self.action_tags))]
+        except FormatError as error:
+            return [Action(BASH, None, error=error)]
+
+    def typed(self, command: str, number: int) -> tuple[Reply, Action]:
+        """A command the person typed, as the model's reply it stands for, and its action."""
+        fence = "`" * max(3, _longest_run(command, "`") + 1)
+        reply = Reply(content=f"{HUMAN_THOUGHT}\n\n{fence}{self.action_tags[0]}\n{command}\n{fence}")
+        reply.usage.model_calls = 0
+        return reply, Action(BASH, command)
+
+
+class ToolProtocol(TextProtocol):
+    kind = "tools"
+
+    def __init__(self, config: Any, offered: dict[str, Any]):
+        super().__init__(config, offered)
+        self._definitions = [tool.definition() for tool in offered.values()]
+
+    def request(self) -> dict[str, Any]:
+        return {"tools": self._definitions}
+
+    def assistant(self, reply: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = [call.to_wire() for call in reply.tool_calls]
+        return message
+
+    def actions(self, reply: Reply) -> list[Action]:
+        return read_calls(reply, self.offered, self.submit_marker)
+
+    def typed(self, command: str, number: int) -> tuple[Reply, Action]:
+        call = ToolCall(f"typed_{number}", BASH, json.dumps({"command": command}))
+        reply = Reply(content=HUMAN_THOUGHT, tool_calls=[call])
+        reply.usage.model_calls = 0
+        return reply, Action(BASH, command, {"command": command}, call, 0)
+
+
+def make_protocol(config: Any, offered: dict[str, Any]) -> TextProtocol:
+    """The run's protocol; `offered`: the tools a tools protocol offers, by name (miniswe.tools.Tool each)."""
+    return ToolProtocol(config, offered) if config.protocol.kind == "tools" else TextProtocol(config)
+
+
+def _longest_run(text: str, char: str) -> int:
+    longest = run = 0
+    for c in text:
+        run = run + 1 if c == char else 0
+        longest = max(longest, run)
+    return longest
+
+
+def read_calls(reply: Reply, offered: dict[str, Any], submit_marker: str) -> list[Action]:
+    """The actions of a tool-calling reply: one per call (each a command, or a format error), or one format error
+    for a reply that called nothing."""
+    if not reply.tool_calls:
+        if reply.finish_reason == "length":
+            return [Action(BASH, None, error=FormatError("truncated", "the reply was cut off at the token limit "
+                                                                     "(finish_reason=length) before it called a tool"))]
+        return [Action(BASH, None, error=FormatError("no_tool_call", "the reply called no tool"))]
+    actions = []
+    for index, call in enumerate(reply.tool_calls):
+        try:
+            if reply.finish_reason == "length":
+                raise FormatError("truncated", "the reply was cut off at the token limit (finish_reason=length), "
+                                               "so this call may be incomplete")
+            arguments = parse_arguments(call, offered)
+            command = offered[call.name].render(arguments, submit_marker)
+            actions.append(Action(call.name, command, arguments, call, index))
+        except FormatError as error:
+            actions.append(Action(call.name, None, call=call, index=index, error=error))
+    return actions
+
+
+def parse_arguments(call: ToolCall, offered: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments, checked against its tool's schema (and the tool's own `check`); FormatError naming
+    what is wrong and showing well-formed arguments."""
+    tool = offered.get(call.name)
+    if tool is None:
+        close = difflib.get_close_matches(call.name, list(offered), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise FormatError("unknown_tool", f"there is no tool {call.name!r} ({hint}the tools are {', '.join(offered)})")
+    example = json.dumps(tool.example)
+    text = call.arguments.strip()
+    try:
+        arguments = json.loads(text) if text else {}
+    except ValueError as error:
+        where = f" at character {error.pos}" if hasattr(error, "pos") else ""
+        raise FormatError("bad_arguments", f"{tool.name}: its arguments are not valid JSON ({getattr(error, 'msg', error)}"
+                                           f"{where}); send one JSON object, e.g. {example}") from None
+    if not isinstance(arguments, dict):
+        raise FormatError("bad_arguments", f"{tool.name}: its arguments must be a JSON object, not "
+                                           f"{type(arguments).__name__}; e.g. {example}")
+    for name, param in tool.params.items():
+        value = arguments.get(name)
+        if value is None:
+            if param.required:
+                raise FormatError("bad_arguments", f"{tool.name}: `{name}` is missing ({param.description}); e.g. {example}")
+            continue
+        expected = _TYPES[param.type]
+        if param.type == "integer" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = arguments[name] = int(value)  # models often quote numbers: the intent is plain
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise FormatError("bad_arguments", f"{tool.name}: `{name}` must be {'an' if param.type == 'integer' else 'a'} "
+                                               f"{param.type}, not {json.dumps(value)[:60]}; e.g. {example}")
+        if param.choices and value not in param.choices:
+            raise FormatError("bad_arguments", f"{tool.name}: `{name}` must be one of {', '.join(param.choices)}, "
+                                               f"not {json.dumps(value)[:60]}")
+    problem = tool.check(arguments)
+    if problem:
+        raise FormatError("bad_arguments", problem)
+    return arguments
+
+
+def answer(step: Any, text: str) -> dict[str, Any]:
+    """The message that tells the model how a step went: a tool message answering its call, or a user message."""
+    if step.tool_call:
+        return {"role": "tool", "tool_call_id": step.tool_call["id"], "content": text}
+    return {"role": "user", "content": text}
+
+
+def unanswered(messages: list[dict[str, Any]]) -> list[str]:
+    """The ids of the last reply's tool calls that no tool message answers yet (the run ended, or stopped, before
+    them): every call must be answered before the model is asked again."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.get("role") == "assistant":
+            answered = {m.get("tool_call_id") for m in messages[index + 1:] if m.get("role") == "tool"}
+            return [call["id"] for call in message.get("tool_calls") or () if call.get("id") not in answered]
+    return []

@@ -178,16 +178,16 @@ def _diff(old: str, new: str, patterns: Sequence[re.Pattern]) -> str:
 
 
 def replay_recording(trajectory: Trajectory, config: Any, *, until: int | None, stop: Stop,
-                     on_check: Callable[[Checked], None]) -> tuple[int, Divergence | None]:
-    """`rerun` in a fresh environment of the recorded kind, built from `config`, closed afterwards."""
+                     on_check: Callable[[Checked], None], scrub: Callable[[str], str]) -> tuple[int, Divergence | None]:
+    """`rerun` in a fresh environment of the recorded kind, built from `config`, closed afterwards; `scrub` masks
+    the run's secrets in the new outputs."""
     from miniswe.environments import build_environment
-    from miniswe.redaction import run_secrets
     from miniswe.tools.files import read_limit
 
     env = build_environment(config.environment, run_id=new_run_id(), stop=stop,
                             hidden_env=[getattr(config.model, "api_key_env", "")])
     try:
         return rerun(env, trajectory, masks=config.replay.masks, stop=stop, timeout=config.environment.timeout,
-                     until=until, scrub=run_secrets(config).scrub, on_check=on_check, read_limit=read_limit(config))
+                     until=until, scrub=scrub, on_check=on_check, read_limit=read_limit(config))
     finally:
         env.close()

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from miniswe import errors
+
 
 class ExitStatus(str, Enum):
     SUBMITTED = "Submitted"
@@ -43,6 +45,7 @@ EXIT_SUBMITTED = 0
 EXIT_NOT_SUBMITTED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INFRA = 3
+EXIT_DIVERGED = 1  # replay: a command did not give its recorded output, or not every step could be checked
 
 # Signals that stop a run, by name; each exits 128 + its number, as a shell reports a death by that signal.
 STOP_SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM, "SIGHUP": signal.SIGHUP}
@@ -75,8 +78,6 @@ def outcome_of(error: BaseException, stop: Outcome | None = None) -> Outcome:
     An error raised while a stop was requested (a killed command's sandbox, a cancelled call) is a
     consequence of the stop, so the stop's outcome wins and the error is kept in the detail.
     """
-    from miniswe import errors
-
     if isinstance(error, KeyboardInterrupt):
         return stop or interrupted("SIGINT")
     if isinstance(error, errors.DeadlineReached):
@@ -100,6 +101,11 @@ def outcome_of(error: BaseException, stop: Outcome | None = None) -> Outcome:
     if stop is not None:
         return Outcome(stop.status, f"{stop.detail} ({own.status}: {_last_line(own.detail)})")
     return own
+
+
+def error_exit_code(error: BaseException) -> int:
+    """Process exit code for an error that ends a command before or outside a run: bad input, or infrastructure."""
+    return EXIT_BAD_INPUT if isinstance(error, errors.UsageError) else EXIT_INFRA
 
 
 def signal_exit_code(signal_name: str | None) -> int:

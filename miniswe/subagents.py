@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from miniswe.errors import UsageError
@@ -52,15 +53,14 @@ class Delegation:
     """A run's sub-agents: the budget they get, the children of the current step, and (text protocol, local
     environment) the socket its commands ask through."""
 
-    def __init__(self, config: Any, *, depth: int, stop: Stop, serve: bool, renderer: Any = None,
-                 notify: Any = lambda message: None, folder: str | None = None, secrets: Any = None):
-        self.config = config
-        self.secrets = secrets  # what the parent masks (a batch's every secret): its children mask it too
+    def __init__(self, ctx: Any, *, spawn: Callable[..., Any], serve: bool, folder: str | None = None):
+        self.ctx = ctx  # the parent run's context: its config, budget, secrets (a batch's every one), stop
+        self.spawn = spawn  # runs a child: runner.run_task, handed down so that this module needs no runner
+        self.config = ctx.config
         self.folder = folder  # where children's trajectories go, when not beside the parent's (a chat session's)
-        self.depth = depth
-        self.stop = stop
-        self.renderer = renderer
-        self.notify = notify
+        self.depth = ctx.depth
+        self.stop = ctx.stop
+        self.notify = ctx.notify
         self.agent: Any = None
         self._links: list[dict[str, Any]] = []  # the current step's children
         self._spent = Usage()  # their usage, not yet added to the parent's
@@ -106,9 +106,7 @@ class Delegation:
         `wanted`: smaller limits asked for; `time_cap`: seconds the child must end within."""
         from miniswe.config import override
         from miniswe.redaction import masked_config
-        from miniswe.runner import run_task
-        from miniswe.trajectory import new_run_id
-        from miniswe.trajectory import Trajectory
+        from miniswe.trajectory import Trajectory, new_run_id
 
         with self._lock:
             agent = self.agent
@@ -135,10 +133,10 @@ class Delegation:
                     trajectory.finish(Outcome(ExitStatus.LIMITS_EXCEEDED, short))
                     trajectory.save()
                 else:
-                    trajectory = run_task(config, task, path, run_id=run_id, metadata=metadata, stop=stop,
-                                          renderer=self.renderer, environment=env, depth=self.depth + 1,
-                                          spawn_from=agent.model, notify=self._child_notice,
-                                          known_secrets=self.secrets).trajectory
+                    trajectory = self.spawn(config, task, path, run_id=run_id, metadata=metadata, stop=stop,
+                                            renderer=self.ctx.renderer, environment=env, depth=self.depth + 1,
+                                            spawn_from=agent.model, notify=self._child_notice,
+                                            known_secrets=self.ctx.secrets).trajectory
             finally:
                 if own_stop:
                     self.stop.unlink(stop)
@@ -154,10 +152,9 @@ class Delegation:
     def _budget(self, wanted: dict[str, Any], time_cap: float | None) -> tuple[dict[str, Any], str | None]:
         """The child's limits: for each, the least of what the parent has left, what was asked for, and (time)
         `time_cap`; and why the child cannot start at all, if the parent has nothing left of one."""
-        agent = self.agent
-        used = agent.trajectory.usage.copy()
+        used = self.ctx.trajectory.usage.copy()
         used.add(self._spent)
-        left = agent.limits.remaining(used)
+        left = self.ctx.limits.remaining(used)
         if time_cap is not None:
             left["time_limit"] = time_cap if left["time_limit"] is None else min(left["time_limit"], time_cap)
         limits: dict[str, Any] = {}

@@ -193,15 +193,14 @@ class FakeEnvironment:
 
 def drive(tmp_path, replies, env, stop=None):
     from miniswe.agent import Agent
+    from miniswe.context import RunContext
     from miniswe.models.scripted import ScriptedModel
-    from miniswe.signals import Stop
-    from miniswe.templates import Renderer
     from miniswe.trajectory import Trajectory
 
     config = load_config("model.kind=scripted")
     trajectory = Trajectory(str(tmp_path / "t.json"), task="t", config={})
-    agent = Agent(config, ScriptedModel(config.model, replies=replies), env, trajectory, renderer=Renderer(),
-                  stop=stop or Stop())
+    ctx = RunContext.open(config, trajectory, stop=stop)
+    agent = Agent(ctx, ScriptedModel(config.model, replies=replies), env)
     return agent.run("fix the parser"), trajectory
 
 

@@ -19,7 +19,8 @@ from miniswe.errors import TrajectoryError
 from miniswe.models.gate import CallGate
 from miniswe.redaction import masked_config
 from miniswe.resume import changes, keeps_state
-from miniswe.runner import continue_run, run_task
+from miniswe.resume import continue_run
+from miniswe.runner import run_task
 from miniswe.signals import Stop
 from miniswe.status import Outcome, outcome_of
 from miniswe.templates import Renderer

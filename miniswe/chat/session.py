@@ -3,7 +3,7 @@ by the same Agent as `miniswe run`.
 
 Each turn is the person's message followed by the step loop until an outcome (limits count per turn, the
 trajectory keeps the session's totals), or, in human mode, one command the person typed. Whatever escapes a
-turn becomes its outcome here, as `runner._drive` does for a run, and the session goes on. /compact and /clear
+turn becomes its outcome here, as `runner.drive` does for a run, and the session goes on. /compact and /clear
 change what the model is sent next (the context) while the trajectory keeps the whole history: the context is
 `messages[context_from:]`, after the latest system message before it.
 """
@@ -16,10 +16,12 @@ from typing import Any
 
 from miniswe import __version__
 from miniswe.chat import store
+from miniswe.chat.agent import ChatAgent
 from miniswe.config import Config
+from miniswe.context import RunContext
 from miniswe.errors import UsageError
-from miniswe.redaction import masked_config, run_secrets
-from miniswe.runner import build_model, close_environment, make_agent, open_delegation, open_environment
+from miniswe.redaction import masked_config
+from miniswe.runner import agent_class, assemble, close_environment, open_environment
 from miniswe.signals import Stop
 from miniswe.status import Outcome, outcome_of
 from miniswe.templates import Renderer
@@ -42,32 +44,22 @@ class ChatSession:
     ):
         self.config = config
         self.stop = stop
-        self.renderer = renderer or Renderer(config.agent.templates_dir)
-        self.secrets = run_secrets(config)
         self.mode = mode
         self.notify = notify
         self.trajectory = self._new_trajectory()
         self.claimed = False  # whether this session has taken the autosave file yet (at its first turn)
         self.saved: tuple[int, int] | None = None  # messages and steps at the last /save
+        self.ctx = RunContext.open(config, self.trajectory, stop=stop, renderer=renderer, notify=notify, ask=ask,
+                                   hooks=hooks, on_delta=on_delta)
+        self.renderer = self.ctx.renderer
+        self.secrets = self.ctx.secrets
+        # the configured agent kind, when it is chat's own or a subclass of it
+        configured = agent_class(config)
+        self.cls = configured if issubclass(configured, ChatAgent) else ChatAgent
         # sub-agents' trajectories go to MINISWE_HOME/subagents, named after the session's run id: not among sessions
-        self.delegation = open_delegation(config, depth=0, stop=stop, renderer=self.renderer, notify=notify,
-                                          folder=os.path.join(store.home(), "subagents"))
-        self.services = {"hooks": hooks, "notify": notify, "ask": ask, "renderer": self.renderer,
-                         "delegation": self.delegation}
-        try:
-            self.env = self._open_environment()
-        except BaseException:
-            self._close_delegation()
-            raise
-        try:
-            self.model = build_model(config, stop=stop, on_retry=self._on_retry, on_delta=on_delta,
-                                     calls_made=0)
-        except BaseException:
-            close_environment(self.env, self.trajectory)
-            self._close_delegation()
-            raise
-        self.agent = make_agent(config, self.trajectory, self.env, secrets=self.secrets, stop=stop, model=self.model,
-                                **self.services)
+        self.env, self.agent = assemble(self.ctx, run_id=self.trajectory.metadata["run_id"], cls=self.cls,
+                                        folder=os.path.join(store.home(), "subagents"))
+        self.model = self.agent.model
 
     # -- turns ---------------------------------------------------------------------------------------------
     def turn(self, text: str) -> Outcome:
@@ -102,8 +94,8 @@ class ChatSession:
         request = self.renderer.render("compact.j2", submit_marker=self.config.protocol.submit_marker)
         agent.close_calls()
         try:
-            reply = self.model.complete([*agent.context.project(agent.messages), {"role": "user", "content": request}],
-                                        **agent.wire.request())
+            reply = self.model.complete([*agent.compactor.project(agent.messages), {"role": "user", "content": request}],
+                                        **agent.protocol.request())
         except BaseException as error:
             return outcome_of(error, self.stop.outcome)
         self._claim()
@@ -159,7 +151,7 @@ class ChatSession:
         live = os.path.abspath(store.autosave_path())
         if os.path.abspath(found.path) == live and self.claimed:
             raise UsageError("that is this session (its autosave): nothing to load")
-        recorded = load(found.path, redact=self.secrets.scrub)
+        recorded = load(found.path, redact=self.ctx.secrets.scrub)
         kept = self.save() if self.unsaved() else None
         if os.path.abspath(found.path) != live and os.path.exists(live) and not self.claimed:
             store.file_away(live)  # the last process's session, which this one would otherwise overwrite
@@ -169,10 +161,9 @@ class ChatSession:
         recorded.describe(environment=self.env.describe())
         recorded.resumes.append({"at": now_iso(), "from_step": len(recorded.steps), "miniswe_version": __version__,
                                  "loaded_from": found.id, "changes": _changes(before, recorded.config)})
-        self.trajectory = recorded
+        self.trajectory = self.ctx.trajectory = recorded
         self.claimed = True
-        self.agent = make_agent(self.config, recorded, self.env, secrets=self.secrets, stop=self.stop, model=self.model,
-                                **self.services)
+        self.agent = self.cls(self.ctx, self.model, self.env)
         self.agent.load_context(self._context())
         recorded.save()
         self.saved = (len(recorded.messages), len(recorded.steps)) if found.id != store.AUTOSAVE else None
@@ -192,7 +183,7 @@ class ChatSession:
     def _new_trajectory(self) -> Trajectory:
         trajectory = Trajectory(store.autosave_path(), task="", config=masked_config(self.config.to_dict()),
                                 environment={"kind": self.config.environment.kind},
-                                metadata={"run_id": new_run_id(), "chat": True}, redact=self.secrets.scrub)
+                                metadata={"run_id": new_run_id(), "chat": True})
         trajectory.set_session(id=None, mode=self.mode, context_from=0, turns=[])
         return trajectory
 
@@ -250,20 +241,15 @@ class ChatSession:
         keeps its working directory; a container starts afresh."""
         close_environment(self.env, self.trajectory)
         self.env = self._open_environment()
-        self.agent.env = self.env
+        self.agent.env = self.agent.tools.env = self.env
         self.notify("the environment was restarted after a forced stop")
 
     def _open_environment(self) -> Any:
-        return open_environment(self.config, self.trajectory, run_id=self.trajectory.metadata["run_id"], stop=self.stop,
-                                delegation=self.delegation)
+        return open_environment(self.ctx, run_id=self.trajectory.metadata["run_id"])
 
     def _close_delegation(self) -> None:
-        if self.delegation is not None:
-            self.delegation.close()
-
-    def _on_retry(self, message: str) -> None:
-        self.trajectory.add_usage(Usage(retries=1))
-        self.notify(message)
+        if self.ctx.delegation is not None:
+            self.ctx.delegation.close()
 
 
 def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
