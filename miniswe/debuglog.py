@@ -32,7 +32,9 @@ def log(kind: str, url: str, data: Any, *, call: int = 0, note: str = "") -> int
 
     call = call or next(_numbers)
     stamp = time.strftime("%H:%M:%S", time.localtime()) + f".{int(time.time() * 1000) % 1000:03d}"
-    body = data if isinstance(data, str) else json.dumps(_cut(data), indent=2, ensure_ascii=False, default=str)
+    # masked before cut: a cut through a secret would leave most of it unrecognisable, and so unmasked
+    body = SECRETS.scrub(data) if isinstance(data, str) else json.dumps(_cut(data, SECRETS.scrub), indent=2,
+                                                                         ensure_ascii=False, default=str)
     text = SECRETS.scrub(f"--- miniswe debug {stamp} call {call} {kind} {url}{' ' + note if note else ''}\n{body}\n")
     with _lock:
         target = _target()
@@ -58,11 +60,15 @@ def _target() -> TextIO:
     return _files[where]
 
 
-def _cut(data: Any) -> Any:
-    if isinstance(data, str) and len(data) > LONG:
-        return f"{data[:LONG // 2]}\n[... {len(data) - LONG // 2 - LONG // 4} characters cut ...]\n{data[-LONG // 4:]}"
+def _cut(data: Any, scrub: Any) -> Any:
+    """`data` with every text masked, then cut to its head and tail when long."""
+    if isinstance(data, str):
+        data = scrub(data)
+        if len(data) > LONG:
+            return f"{data[:LONG // 2]}\n[... {len(data) - LONG // 2 - LONG // 4} characters cut ...]\n{data[-LONG // 4:]}"
+        return data
     if isinstance(data, dict):
-        return {key: _cut(value) for key, value in data.items()}
+        return {key: _cut(value, scrub) for key, value in data.items()}
     if isinstance(data, list):
-        return [_cut(item) for item in data]
+        return [_cut(item, scrub) for item in data]
     return data

@@ -500,6 +500,12 @@ def load(path: str, *, redact: Callable[[str], str] | None = None) -> Trajectory
     return Trajectory.from_dict(upgrade(read_document(path), path), path, redact=redact)
 
 
+def store_copy(path: str, data: bytes) -> None:
+    """A trajectory's bytes as another process recorded them (a Ray worker's run), stored whole at `path`."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    write_atomic(path, data)
+
+
 def fork(parent: Trajectory, from_step: int, path: str, *, config: dict[str, Any], run_id: str,
          redact: Callable[[str], str] | None = None) -> Trajectory:
     """A new trajectory holding `parent`'s conversation up to the end of step `from_step` (its setup, messages,

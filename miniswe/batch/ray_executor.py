@@ -23,7 +23,6 @@ import uuid
 from typing import Any
 
 from miniswe import __version__
-from miniswe.atomic import write_atomic
 from miniswe.batch.ledger import LedgerRecord
 from miniswe.batch.plan import Plan
 from miniswe.batch.ray_cluster import RayCluster
@@ -33,6 +32,7 @@ from miniswe.batch.scheduler import Shared
 from miniswe.batch.worker import Event, TaskFinished, unfinished_record
 from miniswe.errors import SandboxError
 from miniswe.status import ExitStatus, Outcome
+from miniswe.trajectory import store_copy
 
 CANCEL_GRACE_S = 2.0  # at close, how long cancelled tasks get to record themselves and remove their containers
 # Ray's own resource names; anything else in --ray-resources is a custom resource
@@ -94,7 +94,7 @@ class RayExecutor:
         attempts = {plan.id: (plan, attempt) for plan, attempt in self._running.values()}
         for task_id, (attempt, data) in copies.items():
             if task_id in attempts and attempts[task_id][1] == attempt:  # a late copy of a finished task is stale
-                _write(attempts[task_id][0].trajectory, data)
+                store_copy(attempts[task_id][0].trajectory, data)
         return [*reported, *(TaskFinished(self._finish(ref)) for ref in ready)]
 
     def close(self) -> None:
@@ -135,7 +135,7 @@ class RayExecutor:
                 ExitStatus.SANDBOX_ERROR, f"lost with its Ray worker or node ({type(error).__name__}: {why}); "
                                           "rerun the batch to run it again"))
         if result.trajectory is not None:
-            _write(plan.trajectory, result.trajectory)
+            store_copy(plan.trajectory, result.trajectory)
         return result.record
 
 
@@ -147,11 +147,6 @@ def handed_variables(plans: list[Plan]) -> dict[str, str]:
         names.add(getattr(plan.config.model, "api_key_env", "") or "")
         names.update(getattr(plan.config.environment, "forward_env", None) or ())
     return {name: os.environ[name] for name in sorted(names) if name and name in os.environ}
-
-
-def _write(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_atomic(path, data)
 
 
 def _quietly(call, *args, **kwargs) -> None:

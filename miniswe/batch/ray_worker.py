@@ -31,8 +31,7 @@ from miniswe.batch.ray_hub import NO_SLOT
 from miniswe.batch.worker import Event, TaskStarted, WorkerServices, run_plan
 from miniswe.config import override
 from miniswe.environments.processes import process_start, running
-from miniswe.errors import Cancelled, DeadlineReached
-from miniswe.models.gate import CallGate
+from miniswe.models.gate import CallGate, still_queued, wait_out_pause
 from miniswe.signals import Stop
 from miniswe.status import ExitStatus, Outcome
 from miniswe.templates import Renderer
@@ -227,15 +226,10 @@ class GateProxy:
             holder = self.holder
             while (wait := self.ray.get(self.hub.enter.remote(self.url, holder))) != 0:
                 if wait == NO_SLOT:
-                    if stop.wait(SLOT_POLL_S):
-                        raise Cancelled("model call cancelled while waiting for a free slot")
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise DeadlineReached("time_limit reached while waiting for a free model-call slot")
-                    continue
-                if deadline is not None and time.monotonic() + wait >= deadline:
-                    raise DeadlineReached(f"time_limit reached: the endpoint asked every caller to wait {wait:.0f}s more")
-                if stop.wait(wait):
-                    raise Cancelled("model call cancelled while the endpoint asked to wait")
+                    stop.wait(SLOT_POLL_S)
+                    still_queued(stop, deadline)
+                else:
+                    wait_out_pause(wait, stop, deadline)
             try:
                 yield
             finally:

@@ -52,14 +52,25 @@ class CallGate:
 
     def _wait_out_pause(self, stop: Stop, deadline: float | None) -> None:
         while (delay := self._paused_for()) > 0:
-            if deadline is not None and time.monotonic() + delay >= deadline:
-                raise DeadlineReached(f"time_limit reached: the endpoint asked every caller to wait {delay:.0f}s more")
-            if stop.wait(delay):
-                raise Cancelled("model call cancelled while the endpoint asked to wait")
+            wait_out_pause(delay, stop, deadline)
 
     def _acquire(self, stop: Stop, deadline: float | None) -> None:
         while not self._slots.acquire(timeout=POLL_S):
-            if stop.outcome is not None:
-                raise Cancelled("model call cancelled while waiting for a free slot")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise DeadlineReached("time_limit reached while waiting for a free model-call slot")
+            still_queued(stop, deadline)
+
+
+def wait_out_pause(delay: float, stop: Stop, deadline: float | None) -> None:
+    """Wait the `delay` seconds the endpoint asked every caller for: cut short by a stop, given up at once when
+    the caller's deadline would pass first. Every gate's pause is waited here (the Ray hub's too)."""
+    if deadline is not None and time.monotonic() + delay >= deadline:
+        raise DeadlineReached(f"time_limit reached: the endpoint asked every caller to wait {delay:.0f}s more")
+    if stop.wait(delay):
+        raise Cancelled("model call cancelled while the endpoint asked to wait")
+
+
+def still_queued(stop: Stop, deadline: float | None) -> None:
+    """A caller queued for a free slot gives up when its run is stopped or its deadline has passed."""
+    if stop.outcome is not None:
+        raise Cancelled("model call cancelled while waiting for a free slot")
+    if deadline is not None and time.monotonic() >= deadline:
+        raise DeadlineReached("time_limit reached while waiting for a free model-call slot")
