@@ -277,7 +277,7 @@ def replay(
         from miniswe.output import add_secrets
         from miniswe.redaction import restore_secrets, run_secrets
         from miniswe.replay import replay_recording
-        from miniswe.foreign import load_any
+        from miniswe.mini_swe_agent import load_any
         from miniswe.signals import SignalHandlers, Stop
 
         recording = load_any(trajectory)  # the reference implementation's runs replay too

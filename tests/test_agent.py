@@ -8,7 +8,7 @@ from miniswe.config import load_config
 from miniswe.runner import run_task
 from miniswe.status import ExitStatus
 
-from replies import SUBMIT, F, act
+from replies import SUBMIT, SUBMIT_MARKER, F, act
 
 
 def run(tmp_path, replies, *overrides, **kwargs):
@@ -281,3 +281,43 @@ def test_budget_warnings_when_little_is_left(tmp_path):
     observations = [m["content"] for m in data["messages"] if m["role"] == "user"][1:]
     warned = [i for i, text in enumerate(observations, 1) if "left for this task" in text]
     assert warned == [8, 9, 10] and "Only 2 of 10 model calls left" in observations[7]
+
+
+OWN_AGENT = '''
+from miniswe.agent import Agent
+from miniswe.protocol import Reply
+
+
+class Careful(Agent):
+    """Overrides query only: every reply the model gives is run with `set -e` in front."""
+
+    def query(self):
+        reply = super().query()
+        return Reply(content=reply.content.replace("```bash\\n", "```bash\\nset -e; "), usage=reply.usage)
+
+
+class NotAnAgent:
+    pass
+'''
+
+
+def test_an_agent_of_ones_own_overriding_only_query_runs_through_agent_kind(cli, server, tmp_path):
+    (tmp_path / "my_agents.py").write_text(OWN_AGENT)
+    server.push(act("echo hello"), SUBMIT)
+    result = cli("run", "say hello", "--base-url", server.base_url, "-m", "m", "-o", "t.json",
+                 "-c", "agent.kind=my_agents:Careful", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    steps = json.loads((tmp_path / "t.json").read_text())["steps"]
+    assert steps[0]["command"] == "set -e; echo hello" and steps[1]["command"].startswith(f"set -e; echo {SUBMIT_MARKER}")
+    assert steps[0]["output"] == "hello\n"
+
+
+def test_an_agent_kind_that_is_no_agent_is_refused_before_anything_runs(cli, server, tmp_path):
+    (tmp_path / "my_agents.py").write_text(OWN_AGENT)
+    result = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", "t.json",
+                 "-c", "agent.kind=my_agents:NotAnAgent", env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "miniswe: agent.kind: my_agents:NotAnAgent is not a subclass of miniswe.agent.Agent (subclass it, and override "
+        "run, step, query or execute_actions)"]
+    assert not server.requests and not (tmp_path / "t.json").exists()

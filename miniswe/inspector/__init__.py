@@ -5,7 +5,7 @@
     compare.py  two trajectories of one task, or two run directories
     page.py     the self-contained HTML page (page.css, page.js)
 
-`inspect` picks the view from what it is given: a file is a trajectory (any format `foreign.load_any` reads),
+`inspect` picks the view from what it is given: a file is a trajectory (any format `mini_swe_agent.load_any` reads),
 a directory a batch run directory.
 """
 
@@ -67,7 +67,7 @@ def _check_options(kinds: list[str], options: InspectOptions) -> None:
 
 
 def _trajectory(path: str, options: InspectOptions) -> None:
-    from miniswe.foreign import load_any
+    from miniswe.mini_swe_agent import load_any
     from miniswe.inspector import views
 
     trajectory = load_any(path)
@@ -110,7 +110,7 @@ def _compare(paths: list[str], kinds: list[str], options: InspectOptions) -> Non
         view = compare.compare_runs(*paths)
         rendered = compare.runs_text(view)
     else:
-        from miniswe.foreign import load_any
+        from miniswe.mini_swe_agent import load_any
 
         view = compare.compare_trajectories(load_any(paths[0]), load_any(paths[1]))
         rendered = compare.trajectories_text(view)

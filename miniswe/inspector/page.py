@@ -60,7 +60,7 @@ def trajectory_page(trajectory: Trajectory) -> str:
 
 def batch_page(run_dir: str) -> str:
     """A batch: its totals and rows, and every task's run, each reachable from its row."""
-    from miniswe.foreign import load_any
+    from miniswe.mini_swe_agent import load_any
 
     view = run_view(run_dir)
     inside = os.path.realpath(run_dir) + os.sep

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from miniswe.display import step_status
-from miniswe.foreign import NOT_RECORDED
+from miniswe.mini_swe_agent import NOT_RECORDED
 from miniswe.trajectory import Step, Trajectory
 
 VIEW_VERSION = 1
@@ -37,7 +37,7 @@ def observations(trajectory: Trajectory) -> dict[int, str]:
 
 
 def step_view(step: Step, observation: str | None, missing: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """One step; a figure its format did not record (see `foreign.NOT_RECORDED`) is None."""
+    """One step; a figure its format did not record (see `mini_swe_agent.NOT_RECORDED`) is None."""
     usage = step.usage
     tokens = "tokens" not in missing
     view = {
@@ -150,7 +150,7 @@ def trajectory_view(trajectory: Trajectory, *, select=None) -> dict[str, Any]:
 
 
 def not_recorded(trajectory: Trajectory) -> frozenset[str]:
-    """The keys of `foreign.NOT_RECORDED` that a converted trajectory's format lacked; empty for miniswe's own."""
+    """The keys of `mini_swe_agent.NOT_RECORDED` that a converted trajectory's format lacked; empty for miniswe's own."""
     converted = trajectory.metadata.get("converted_from")
     return frozenset(converted.get("not_recorded") or []) if isinstance(converted, dict) else frozenset()
 
@@ -275,7 +275,7 @@ def unfinished_rows(run_dir: str, run: dict[str, Any], finished: set[str]) -> li
     numbers so far), `not run` where it never started. The tasks are the batch's selection, and the task folders
     in the run directory (which also show what a batch whose task file is gone had begun)."""
     from miniswe.batch.plan import trajectory_name
-    from miniswe.foreign import load_any
+    from miniswe.mini_swe_agent import load_any
 
     wanted = selected_ids(run) or []
     try:
