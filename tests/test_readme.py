@@ -1,4 +1,5 @@
-"""The README's CLI reference and config keys match what the program really accepts."""
+"""The docs' CLI reference (docs/cli.md) and config key table (docs/configuration.md) match what the program
+really accepts."""
 
 import re
 
@@ -8,14 +9,14 @@ from conftest import ROOT
 from miniswe.cli import app
 
 
-def readme() -> str:
-    return (ROOT / "README.md").read_text()
+def doc(name: str) -> str:
+    return (ROOT / "docs" / name).read_text()
 
 
 def usage_blocks() -> dict[str, str]:
-    """`miniswe CMD ...` synopses from the README's code blocks, by command."""
+    """`miniswe CMD ...` synopses from the CLI reference's code blocks, by command."""
     found: dict[str, str] = {}
-    for block in re.findall(r"```\n(miniswe .*?)```", readme(), re.S):
+    for block in re.findall(r"```\n(miniswe .*?)```", doc("cli.md"), re.S):
         for synopsis in re.split(r"\n(?=miniswe )", block.strip()):
             command = synopsis.split()[1]
             found[command] = found.get(command, "") + "\n" + synopsis  # a command may have several forms
@@ -25,33 +26,33 @@ def usage_blocks() -> dict[str, str]:
 def test_every_command_is_documented_with_exactly_its_options():
     group = typer.main.get_command(app)
     documented = usage_blocks()
-    assert sorted(documented) == sorted(group.commands), "README synopses and CLI commands differ"
+    assert sorted(documented) == sorted(group.commands), "docs/cli.md synopses and CLI commands differ"
     for name, command in group.commands.items():
         real = {opt for param in command.params for opt in param.opts if opt.startswith("-") and opt != "--help"}
         shown = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", documented[name]))
         # a synopsis shows one spelling of each option; every shown one must exist, every option must be shown
-        assert shown <= real, f"README shows options `miniswe {name}` does not have: {sorted(shown - real)}"
+        assert shown <= real, f"docs/cli.md shows options `miniswe {name}` does not have: {sorted(shown - real)}"
         for param in command.params:
             opts = [o for o in param.opts if o.startswith("-")]
             if opts and opts != ["--help"]:
-                assert set(opts) & shown, f"`miniswe {name}` option {opts} is missing from the README"
+                assert set(opts) & shown, f"`miniswe {name}` option {opts} is missing from docs/cli.md"
 
 
-def test_every_config_key_is_in_the_readme_table():
+def test_every_config_key_is_in_the_configuration_table():
     from dataclasses import fields
 
     from miniswe.config import FIXED, PLUGGABLE
 
     rows = {tuple(cell.strip(" `") for cell in line.split("|")[1:3]): line
-            for line in readme().splitlines() if line.startswith("| `") and line.count("|") == 4}
+            for line in doc("configuration.md").splitlines() if line.startswith("| `") and line.count("|") == 4}
     for section, cls in FIXED.items():
         for key in fields(cls):
-            assert f"`{key.name}`" in rows[(section, "")], f"{section}.{key.name} missing from the README's config table"
+            assert f"`{key.name}`" in rows[(section, "")], f"{section}.{key.name} missing from docs/configuration.md's key table"
     for section, (base, settings_class, builtins) in PLUGGABLE.items():
         shared = {f.name for f in fields(base)}
         for key in shared:
-            assert f"`{key}`" in rows[(section, "every kind")], f"{section}.{key} missing from the README's config table"
+            assert f"`{key}`" in rows[(section, "every kind")], f"{section}.{key} missing from docs/configuration.md's key table"
         for kind in builtins:
             own = [f.name for f in fields(settings_class(kind)) if f.name not in shared]
             for key in own:
-                assert f"`{key}`" in rows[(section, kind)], f"{section}.{key} ({kind}) missing from the README's config table"
+                assert f"`{key}`" in rows[(section, kind)], f"{section}.{key} ({kind}) missing from docs/configuration.md's key table"

@@ -28,7 +28,7 @@ BUDGET_PREFIX = "batch_"  # exit details of tasks a batch budget cut off: batch_
 
 @dataclass(frozen=True)
 class LedgerRecord:
-    """One finished task: its line in results.jsonl (field names are documented in the README)."""
+    """One finished task: its line in results.jsonl (field names are documented in docs/batch-and-ray.md)."""
 
     id: str
     exit_status: str

@@ -29,7 +29,7 @@ from typing import Any
 from miniswe.environments.processes import process_start, running
 from miniswe.errors import SandboxError, UsageError
 
-INSTALL = "pip install 'miniswe[ray]'"
+INSTALL = "pip install -e '.[ray]' in the miniswe checkout"
 DEFAULT_RESOURCES = {"CPU": 1.0}
 TEMP_PREFIX = "miniswe-ray-"
 CONNECT_TIMEOUT_S = 10.0
@@ -41,7 +41,7 @@ MEMBERS = "members"  # "scanned TICKS", then "PID STARTTIME" of each process of 
 SCAN_S = 1.0  # how often the watchdog notes the cluster's processes
 CLOSE_GRACE_S = 1.0  # at close, how long what outlived ray.shutdown gets after SIGTERM
 STALE_GRACE_S = 2.0  # the same for what a killed driver left
-# What a private cluster's processes run with; the README's "Batches on a Ray cluster" lists the same.
+# What a private cluster's processes run with; docs/batch-and-ray.md lists the same.
 PRIVATE_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_USAGE_STATS_PROMPT_ENABLED": "0",

@@ -31,7 +31,7 @@ def load_run(run_dir: str) -> tuple[list[LedgerRecord], dict[str, Any] | None]:
 
 
 def build_report(records: list[LedgerRecord]) -> dict[str, Any]:
-    """The report's numbers; keys are documented in the README and stable."""
+    """The report's numbers; keys are documented in docs/batch-and-ray.md and stable."""
     evaluated = [r for r in records if r.has_eval or r.resolved is not None]
     resolved = sum(1 for r in records if r.resolved is True)
     return {

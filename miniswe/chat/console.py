@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-from miniswe.agent import HUMAN_THOUGHT
+from miniswe.protocol import HUMAN_THOUGHT
 from miniswe.display import step_status, trimmed
 from miniswe.output import PieceMasker, visible
 from miniswe.status import ExitStatus, Outcome

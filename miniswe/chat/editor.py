@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-INSTALL_HINT = "line editing works best with prompt_toolkit: pip install 'miniswe[chat]' (using readline for now)"
+INSTALL_HINT = "line editing works best with prompt_toolkit: pip install -e '.[chat]' in the miniswe checkout (using readline for now)"
 
 
 class PlainLines:

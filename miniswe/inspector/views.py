@@ -1,7 +1,7 @@
 """What `inspect` shows, as plain data: a run (header and steps) and a batch (totals and one row per task).
 
 The terminal text, `--json` and the HTML page are all made from these, so they always agree. The shapes are
-documented in the README ("Inspecting runs") and versioned by VIEW_VERSION.
+documented in docs/replay-and-inspect.md and versioned by VIEW_VERSION.
 """
 
 from __future__ import annotations
