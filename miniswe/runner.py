@@ -31,8 +31,6 @@ from miniswe.templates import Renderer, prompt_variables
 from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory, new_run_id
 from miniswe.usage import Usage
 
-AGENT_KINDS = {"default": "miniswe.agent:Agent", "chat": "miniswe.chat.agent:ChatAgent"}
-
 
 @dataclass
 class RunResult:
@@ -49,10 +47,10 @@ def build_model(config: Config, **context: Any) -> Model:
 
 def agent_class(config: Config) -> type[Agent]:
     """The agent class `agent.kind` names: a built-in kind, or a subclass of miniswe.agent.Agent as module:Class."""
-    from miniswe.plugins import load_kind
+    from miniswe.plugins import KINDS, load_kind
 
-    kind = getattr(config.agent, "kind", "default")
-    cls = load_kind(kind, AGENT_KINDS, key="agent.kind", what="agent")
+    kind = config.agent.kind
+    cls = load_kind(kind, KINDS["agent"], key="agent.kind", what="agent")
     if not issubclass(cls, Agent):
         raise ConfigError(f"agent.kind: {kind} is not a subclass of miniswe.agent.Agent (subclass it, and override "
                           "run, step, query or execute_actions)")

@@ -7,7 +7,6 @@ checked when the Renderer is built, so an unknown variable or a syntax error fai
 from __future__ import annotations
 
 import os
-import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,14 +32,14 @@ def prompt_variables(config: Any, cwd: str, *, skills: Sequence[dict[str, str]] 
                      depth: int = 0, tools: Sequence[str] = ()) -> dict[str, Any]:
     """What the system and instance prompts may say about the run: its protocol (and the tools it offers), limits,
     machine, skills (name and description of each) and whether it may start sub-agents (and at what depth it is)."""
-    uname = platform.uname()
+    uname = os.uname()  # not platform.uname(): importing platform costs a run more than it tells
     return {
         "action_tag": config.protocol.action_tags[0],
         "submit_marker": config.protocol.submit_marker,
         "command_timeout": number(config.environment.timeout),
         "output_limit": config.agent.output_limit,
         "cwd": cwd,
-        "system": uname.system,
+        "system": uname.sysname,
         "release": uname.release,
         "machine": uname.machine,
         "shell": "bash",
