@@ -16,7 +16,6 @@ ends (0), and its wall time.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -195,7 +194,7 @@ def main() -> None:
         fallback = args.fallback_image or without_python(args)
         present = subprocess.run([args.executable, "image", "inspect", fallback], capture_output=True)
         if present.returncode == 0:
-            env = DockerEnvironment(dataclasses.replace(cfg, image=fallback))
+            env = DockerEnvironment(cfg.model_copy(update={"image": fallback}))
             try:
                 fallback_rows, _ = step_rows(env, local, args, "exec-per-step fallback")
             finally:

@@ -1,59 +1,115 @@
-"""Configuration: frozen dataclasses built from YAML files and key=value overrides, merged left to right.
+"""Configuration: frozen pydantic models built from YAML files and key=value overrides, merged left to right.
 
-`agent` and `protocol` are declared here. `environment` and `model` belong to their kind: the section is
-checked against the settings dataclass the chosen kind declares (see environments/ and models/), so a
-third party's kind brings its own keys. Unknown keys, wrong types and bad values fail before anything
-runs, naming the source, the dotted key and a close match. Secrets are never values here:
-`model.api_key_env` names a variable.
+`protocol`, `replay` and `policy` are declared here. `agent`, `environment` and `model` belong to their kind:
+the section is checked against the settings model the chosen kind's class declares as `config_class` (a
+subclass of the section's base here; the kinds are named in plugins.py and imported on first use), so a
+third party's kind brings its own keys. Unknown keys, wrong types and bad values fail before anything runs,
+in one line naming the source, the dotted key and a close match; pydantic's own text never reaches the user.
+Secrets are never values here: `model.api_key_env` names a variable.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from miniswe.environments import KINDS as ENVIRONMENT_KINDS
-from miniswe.environments import EnvironmentConfig, environment_config_class
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
 from miniswe.errors import ConfigError
-from miniswe.models import KINDS as MODEL_KINDS
-from miniswe.models import ModelConfig, model_config_class
-from miniswe.policy import PolicyConfig
+from miniswe.plugins import KINDS, config_class, load_kind
+
+MAX_SECONDS = 366 * 86400.0  # a longer wait is a typo (and overflows the system's timers); 0 means none
+MAX_NUMBER = 1e15
+NONBLANK = r"\S"  # the pattern of a value that must not be empty (its error says so)
 
 
-@dataclass(frozen=True)
-class AgentConfig:
-    step_limit: int = 100  # model calls per run, format errors included; 0 = unlimited
-    token_limit: int = 0  # cumulative total tokens (prompt + completion) per run; 0 = unlimited
-    cost_limit: float = 0.0  # cumulative cost in USD per run; 0 = unlimited
-    time_limit: float = field(default=0.0, metadata={"seconds": True})  # wall seconds for the whole run: model calls, waits and commands; 0 = unlimited
-    max_format_errors: int = 3  # consecutive replies without exactly one action block before RepeatedFormatError
-    output_limit: int = 10_000  # characters of command output the model sees (head + tail); the trajectory keeps more
-    templates_dir: str = ""  # a folder searched before the shipped templates/ (override any .j2 by name)
-    max_repeats: int = 3  # the same command with the same output this many times in a row: a warning; once more: RepeatedAction; 0 = off
-    budget_warning: float = 0.1  # observations warn once this share of a limit (steps, tokens, cost, time) is left; 0 = never
-    hooks: list[str] = field(default_factory=list)  # hooks loaded by package.module:Class, called at every step (see README)
-    context_window: int = 0  # the model's context window in tokens, for compaction; 0 = learned from the endpoint's first context-length refusal
-    keep_turns: int = 4  # the newest turns compaction never cuts
-    skills_dirs: list[str] = field(default_factory=list)  # folders whose sub-folders are skills (SKILL.md each), listed in the system prompt and read on demand
-    max_depth: int = 0  # how deep sub-agents may nest: a run at this depth cannot delegate; 0 = no sub-agents
+def _text(value: Any) -> Any:
+    """Nothing is empty text; a number is its text (YAML reads `name: 4` as a number). Anything else is left
+    for the type to refuse."""
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
-PROTOCOL_KINDS = ("text", "tools")
+def _strings(value: Any) -> Any:
+    """One string is a list of one ("" a list of none); nothing is an empty list."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    return value
 
 
-@dataclass(frozen=True)
-class ProtocolConfig:
-    kind: str = field(default="text", metadata={"choices": PROTOCOL_KINDS})  # text (one fenced command per reply) or tools (the endpoint's native tool calls)
+def as_mapping(value: Any) -> Any:
+    """Nothing is an empty mapping; keys are text."""
+    if value is None:
+        return {}
+    return {str(key): item for key, item in value.items()} if isinstance(value, dict) else value
+
+
+def _variables(value: Any) -> Any:
+    """Environment variables hold text: every value becomes its text, nothing the empty one."""
+    value = as_mapping(value)
+    return {key: "" if item is None else str(item) for key, item in value.items()} if isinstance(value, dict) else value
+
+
+def _regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"not a valid regular expression ({error})") from None
+    return pattern
+
+
+# The value types of settings, for the built-in kinds' and third parties' alike. Counts and numbers are 0 or more,
+# up to a ceiling past which a value is a typo.
+Count = Annotated[int, Field(ge=0, le=MAX_NUMBER)]
+Number = Annotated[float, Field(ge=0, le=MAX_NUMBER, allow_inf_nan=False)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+Text = Annotated[str, BeforeValidator(_text)]
+NonEmptyText = Annotated[str, BeforeValidator(_text), Field(pattern=NONBLANK)]
+Strings = Annotated[list[str], BeforeValidator(_strings)]
+NonEmptyStrings = Annotated[list[Annotated[str, Field(pattern=NONBLANK)]], BeforeValidator(_strings),
+                            Field(min_length=1)]
+Regexes = Annotated[list[Annotated[str, AfterValidator(_regex)]], BeforeValidator(_strings)]
+Mapping = Annotated[dict[str, Any], BeforeValidator(as_mapping)]
+Variables = Annotated[dict[str, str], BeforeValidator(_variables)]
+
+
+class Settings(BaseModel):
+    """One section's keys, or one kind's. Strict: 1 is not true and "5" is not a number (a Text takes numbers)."""
+
+    # deferred: a kind's model (and a mixin's, never validated alone) is built on first use
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
+
+
+class AgentConfig(Settings):
+    kind: str = "default"  # default (the built-in loop), or package.module:Class
+    step_limit: Count = 100  # model calls per run, format errors included; 0 = unlimited
+    token_limit: Count = 0  # cumulative total tokens (prompt + completion) per run; 0 = unlimited
+    cost_limit: Number = 0.0  # cumulative cost in USD per run; 0 = unlimited
+    time_limit: Seconds = 0.0  # wall seconds for the whole run: model calls, waits and commands; 0 = unlimited
+    max_format_errors: Count = 3  # consecutive replies without exactly one action block before RepeatedFormatError
+    output_limit: Count = 10_000  # characters of command output the model sees (head + tail); the trajectory keeps more
+    templates_dir: Text = ""  # a folder searched before the shipped templates/ (override any .j2 by name)
+    max_repeats: Count = 3  # the same command with the same output this many times in a row: a warning; once more: RepeatedAction; 0 = off
+    budget_warning: Number = 0.1  # observations warn once this share of a limit (steps, tokens, cost, time) is left; 0 = never
+    hooks: Strings = []  # hooks loaded by package.module:Class, called at every step (see README)
+    context_window: Count = 0  # the model's context window in tokens, for compaction; 0 = learned from the endpoint's first context-length refusal
+    keep_turns: Count = 4  # the newest turns compaction never cuts
+    skills_dirs: Strings = []  # folders whose sub-folders are skills (SKILL.md each), listed in the system prompt and read on demand
+    max_depth: Count = 0  # how deep sub-agents may nest: a run at this depth cannot delegate; 0 = no sub-agents
+
+
+class ProtocolConfig(Settings):
+    kind: Literal["text", "tools"] = "text"  # text (one fenced command per reply) or tools (the endpoint's native tool calls)
     file_tools: bool = False  # tools: also offer read_file, write_file and edit_file, confined to the working directory
-    action_tags: list[str] = field(default_factory=lambda: ["mswea_bash_command", "bash"],
-                                   metadata={"nonempty": True})  # fenced-block info strings that mark the one action
-    submit_marker: str = field(default="COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
-                               metadata={"nonempty": True})  # first output line that ends the run as Submitted
+    action_tags: NonEmptyStrings = ["mswea_bash_command", "bash"]  # fenced-block info strings that mark the one action
+    submit_marker: NonEmptyText = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # first output line that ends the run as Submitted
 
 
 # What legitimately differs between two runs of the same command: timestamps, clock times, durations,
@@ -74,33 +130,63 @@ REPLAY_MASKS = [
 ]
 
 
-@dataclass(frozen=True)
-class ReplayConfig:
-    masks: list[str] = field(default_factory=lambda: list(REPLAY_MASKS), metadata={"regexes": True})  # regexes for output that varies between runs; masked before outputs are compared
+class ReplayConfig(Settings):
+    masks: Regexes = REPLAY_MASKS  # regexes for output that varies between runs; masked before outputs are compared
+
+
+# The names of policy.DENY's rules, its default: policy.py holds the rules, and config.py may not import it
+# (tests/test_policy.py keeps the two equal).
+DENY_RULES = ["delete-root-or-home", "mkfs", "raw-disk-write", "fork-bomb", "shutdown", "kill-all", "chmod-root"]
+
+
+class PolicyConfig(Settings):
+    deny: Regexes = DENY_RULES  # built-in rule names and regexes: a matching command is refused, the model is told why, and the run goes on
+    confirm: Regexes = []  # regexes: a matching command runs only when a person says yes (chat); refused where nobody is asked
+    containers: bool = False  # apply deny and confirm in containers too (there the container is the sandbox)
+    confine: bool = False  # local: commands may write only in the working directory and /tmp (Linux Landlock)
+
+
+class EnvironmentConfig(Settings):
+    kind: str = "local"  # local (bash -c on this machine), docker (one container per run), or package.module:Class
+    cwd: Text = ""  # working directory of every command; "" = where miniswe was started (docker: /)
+    env: Variables = {}  # variables set for every command, over the inherited ones
+    timeout: Seconds = 60.0  # seconds per command, then everything it started is killed; 0 = none
+    capture_limit: Count = 1_000_000  # bytes of each command's output kept (head + tail); 0 = all of it
+
+
+class ModelConfig(Settings):
+    kind: str = "openai"  # openai (any OpenAI-compatible endpoint), scripted (replies from a file), or package.module:Class
+    name: Text = ""  # model name sent to the endpoint; also -m / MINISWE_MODEL
+
+
+# The sections whose keys depend on their `kind`, by the base every kind's settings extend; the built-in
+# kinds are plugins.KINDS[section].
+PLUGGABLE = {"agent": AgentConfig, "environment": EnvironmentConfig, "model": ModelConfig}
+FIXED = {"protocol": ProtocolConfig, "replay": ReplayConfig, "policy": PolicyConfig}
+SECTIONS = ("agent", "protocol", "environment", "model", "replay", "policy")
+
+
+def settings_class(section: str, kind: str) -> type:
+    """The settings model of a pluggable section's `kind`: its class's `config_class`, else the section's base."""
+    key = f"{section}.kind"
+    return config_class(load_kind(kind, KINDS[section], key=key, what=section), PLUGGABLE[section], key=key)
+
+
+def _default(section: str) -> Settings:
+    return settings_class(section, PLUGGABLE[section].model_fields["kind"].default)()
 
 
 @dataclass(frozen=True)
 class Config:
-    agent: AgentConfig = field(default_factory=AgentConfig)
+    agent: AgentConfig = field(default_factory=lambda: _default("agent"))
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
-    environment: EnvironmentConfig = field(default_factory=lambda: environment_config_class("local")())
-    model: ModelConfig = field(default_factory=lambda: model_config_class("openai")())
+    environment: EnvironmentConfig = field(default_factory=lambda: _default("environment"))
+    model: ModelConfig = field(default_factory=lambda: _default("model"))
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-# The sections whose keys depend on their `kind`: base class, kind -> settings class, built-in kinds.
-PLUGGABLE = {
-    "environment": (EnvironmentConfig, environment_config_class, ENVIRONMENT_KINDS),
-    "model": (ModelConfig, model_config_class, MODEL_KINDS),
-}
-FIXED = {"agent": AgentConfig, "protocol": ProtocolConfig, "replay": ReplayConfig, "policy": PolicyConfig}
-SECTIONS = ("agent", "protocol", "environment", "model", "replay", "policy")
-MAX_SECONDS = 366 * 86400.0  # a longer wait is a typo (and overflows the system's timers); 0 means none
-MAX_NUMBER = 1e15
+        return {name: getattr(self, name).model_dump() for name in SECTIONS}
 
 
 def default_config_path() -> str:
@@ -141,11 +227,9 @@ def config_from_record(recorded: dict[str, Any]) -> Config:
     return _build_config(data, {key: "the recorded config" for key in _dotted_keys(data)})
 
 
-def _explicit(section: Any) -> dict[str, Any]:
+def _explicit(section: Settings) -> dict[str, Any]:
     """A kind's settings that differ from that kind's defaults."""
-    defaults = type(section)()
-    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
-            if getattr(section, f.name) != getattr(defaults, f.name) and f.name != "kind"}
+    return section.model_dump(exclude={"kind"}, exclude_defaults=True)
 
 
 def _build_config(data: dict[str, Any], origin: dict[str, str]) -> Config:
@@ -159,28 +243,32 @@ def _build_config(data: dict[str, Any], origin: dict[str, str]) -> Config:
             values = {}
         if not isinstance(values, dict):
             raise ConfigError(f"{origin.get(name, _nearest_origin(origin, name))}: {name}: expected a mapping, got {_kind(values)}")
+        kind = None
         if name in FIXED:
-            sections[name] = _build(FIXED[name], values, origin, prefix=f"{name}.")
+            cls = FIXED[name]
         else:
-            base, settings_class, builtins = PLUGGABLE[name]
-            kind = values.get("kind") or _implied_kind(values, base, settings_class, builtins)
-            where = origin.get(f"{name}.kind", "config")
+            kind = values.get("kind") or _implied_kind(name, values)
             try:
-                cls = settings_class(kind)
+                cls = settings_class(name, kind)
             except ConfigError as error:
-                raise ConfigError(f"{where}: {error}") from None
-            sections[name] = _build(cls, values, origin, prefix=f"{name}.", other_kinds=(builtins, settings_class))
+                raise ConfigError(f"{origin.get(f'{name}.kind', 'config')}: {error}") from None
+        sections[name] = _build(cls, name, kind, values, origin)
     return Config(**sections)
 
 
-def _implied_kind(values: dict[str, Any], base: type, settings_class: Any, builtins: dict[str, str]) -> str:
+def _implied_kind(section: str, values: dict[str, Any]) -> str:
     """With no kind given, the one built-in kind that has every key given (`environment.image` implies docker,
     as `--image` and a task's `env.image` do); the default kind when the keys fit it or fit no single kind."""
+    default = PLUGGABLE[section].model_fields["kind"].default
     keys = set(values) - {"kind"}
-    if keys <= {f.name for f in dataclasses.fields(settings_class(base.kind))}:
-        return base.kind
-    fitting = [kind for kind in builtins if keys <= {f.name for f in dataclasses.fields(settings_class(kind))}]
-    return fitting[0] if len(fitting) == 1 else base.kind
+
+    def fits(kind: str) -> bool:
+        return keys <= settings_class(section, kind).model_fields.keys()
+
+    if fits(default):
+        return default
+    fitting = [kind for kind in KINDS[section] if fits(kind)]
+    return fitting[0] if len(fitting) == 1 else default
 
 
 def _read_source(source: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -246,121 +334,101 @@ def _dotted_keys(data: Any, prefix: str = "") -> list[str]:
     return keys
 
 
-def _build(cls: type, data: dict[str, Any], origin: dict[str, str], prefix: str, other_kinds: tuple | None = None) -> Any:
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        where = origin.get(dotted, _nearest_origin(origin, dotted))
-        if key not in known:
-            raise ConfigError(f"{where}: {dotted}: unknown key{_unknown_hint(str(key), cls, list(known), other_kinds, prefix)}")
-        values[key] = _check(hints[key], known[key], value, dotted, where, origin)
-    return cls(**values)
+def _build(cls: type[Settings], section: str, kind: str | None, values: dict[str, Any],
+           origin: dict[str, str]) -> Settings:
+    try:
+        return cls.model_validate(values)
+    except ValidationError as error:
+        # one problem, the first in the order the keys were given (an entry's own problem before its key's)
+        order = list(values)
+        first = min(error.errors(include_url=False), key=lambda problem: (
+            order.index(problem["loc"][0]) if problem["loc"] and problem["loc"][0] in order else len(order),
+            problem["loc"][-1] == "[key]"))
+        raise ConfigError(_explain(first, cls, section, kind, values, origin)) from None
 
 
-def _unknown_hint(key: str, cls: type, names: list[str], other_kinds: tuple | None, prefix: str) -> str:
+def _explain(problem: dict[str, Any], cls: type[Settings], section: str, kind: str | None, values: dict[str, Any],
+             origin: dict[str, str]) -> str:
+    """One of pydantic's problems as the line miniswe prints: who set the key, the key, what is wrong."""
+    key, *inner = problem["loc"]
+    subject = f"{section}.{key}"
+    where = origin.get(subject, _nearest_origin(origin, subject))
+    error, context, value = problem["type"], problem.get("ctx", {}), problem["input"]
+    if error in ("extra_forbidden", "invalid_key"):
+        return f"{where}: {subject}: unknown key{_unknown_hint(str(key), cls, section, kind)}"
+    spec = cls.model_fields[key]
+    if error == "missing":
+        return f"{where}: {subject}: required (kind {kind!r} has no default for it)"
+    annotation, shown = spec.annotation, values[key]
+    if inner and isinstance(shown, dict):  # an entry of a mapping, blamed on whoever set that entry
+        subject, shown = f"{subject}.{inner[0]}", value
+        where = origin.get(subject, where)
+        keys, annotation = typing.get_args(annotation)
+        if inner[-1] == "[key]":
+            return f"{where}: {subject}: unknown key (known: {', '.join(typing.get_args(keys))})"
+        if _bare(annotation) is float and error in ("float_type", "finite_number", "greater_than_equal"):
+            return f"{where}: {subject}: expected a number of 0 or more, got {_kind(value)} {value!r:.40}"
+    elif inner and error == "value_error":  # an item of a list
+        subject = f"{subject}[{inner[0]}]"
+    if error.endswith("_type") or error == "finite_number":
+        return f"{where}: {subject}: expected {_expected(annotation)}, got {_kind(shown)} {shown!r:.60}"
+    if error == "greater_than_equal":
+        value = float(value) if _bare(annotation) is float else value
+        return f"{where}: {subject}: must be 0 or more (0 means unlimited), got {value}"
+    if error == "less_than_equal":
+        return f"{where}: {subject}: {value:g} is too large (at most {context['le']:g}); use 0 for no limit"
+    if error == "too_short" or context.get("pattern") == NONBLANK:
+        return f"{where}: {subject}: must not be empty (default: {spec.get_default(call_default_factory=True)!r})"
+    if error == "literal_error":
+        if not isinstance(_text(value), str):
+            return f"{where}: {subject}: expected a string, got {_kind(value)} {value!r:.60}"
+        value = _text(value)  # as a text key would read it: 5 is '5'
+        choices = [str(choice) for choice in typing.get_args(annotation)]
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(choices)}"
+        return f"{where}: {subject}: unknown value {value!r} ({hint})"
+    if error in ("value_error", "assertion_error"):  # a validator's own words: ours (_regex), or a kind's
+        return f"{where}: {subject}: {context['error']}"
+    return f"{where}: {subject}: not a valid value, got {_kind(shown)} {shown!r:.60}"
+
+
+EXPECTED = {bool: "true or false", int: "a whole number", float: "a finite number", str: "a string", dict: "a mapping"}
+
+
+def _expected(annotation: Any) -> str:
+    bare = _bare(annotation)
+    if bare is list:
+        items = typing.get_args(annotation)
+        return "a list of strings" if items and _bare(items[0]) is str else "a list"
+    return EXPECTED.get(bare, f"a {getattr(bare, '__name__', bare)}")
+
+
+def _bare(annotation: Any) -> Any:
+    """The plain type under an annotation: str for Annotated[str, ...], list for list[str]."""
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return typing.get_origin(annotation) or annotation
+
+
+def _unknown_hint(key: str, cls: type[Settings], section: str, kind: str | None) -> str:
     """Did-you-mean over this kind's keys, and over other built-in kinds' (naming the kind that has it)."""
+    names = list(cls.model_fields)
     owners: dict[str, str] = {}
-    if other_kinds:
-        builtins, settings_class = other_kinds
-        for kind in builtins:
-            other = settings_class(kind)
-            for spec in dataclasses.fields(other) if other is not cls else ():
-                if spec.name not in names:
-                    owners.setdefault(spec.name, kind)
+    for other in KINDS.get(section, ()):
+        for name in settings_class(section, other).model_fields:
+            if name not in names:
+                owners.setdefault(name, other)
     close = difflib.get_close_matches(key, names + list(owners), n=1)
     if close and close[0] in owners:
-        kind = owners[close[0]]
+        owner = owners[close[0]]
         guess = "" if close[0] == key else f"did you mean {close[0]!r}? "
-        return f" for kind {cls().kind!r} ({guess}{close[0]} is a {kind} setting: set {prefix}kind={kind} to use it, or remove it)"
+        return f" for kind {kind!r} ({guess}{close[0]} is a {owner} setting: set {section}.kind={owner} to use it, or remove it)"
     return _suggest(key, names)
 
 
 def _suggest(key: str, names: Any) -> str:
     close = difflib.get_close_matches(key, list(names), n=1)
     return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(names)})"
-
-
-def _check(hint: Any, spec: dataclasses.Field, value: Any, dotted: str, where: str, origin: dict[str, str]) -> Any:
-    expected = typing.get_origin(hint) or hint
-    args = typing.get_args(hint)
-    rules = spec.metadata
-
-    def fail(what: str) -> ConfigError:
-        return ConfigError(f"{where}: {dotted}: expected {what}, got {_kind(value)} {value!r:.60}")
-
-    if expected is bool:
-        if not isinstance(value, bool):
-            raise fail("true or false")
-    elif expected is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise fail("a finite number")
-        value = float(value)
-    elif expected is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise fail("a whole number")
-    elif expected is str:
-        if value is None:
-            value = ""
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise fail("a string")
-        value = str(value)
-    elif expected is list:
-        if isinstance(value, str):
-            value = [value] if value else []
-        if value is None:
-            value = []
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise fail("a list of strings")
-        value = list(value)
-    elif expected is dict:
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise fail("a mapping")
-        value_type = args[1] if args else Any
-        if value_type is str:
-            value = {str(k): "" if v is None else str(v) for k, v in value.items()}
-        elif value_type is float:
-            for k, v in value.items():
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                    raise ConfigError(f"{origin.get(f'{dotted}.{k}', where)}: {dotted}.{k}: expected a number of 0 or more, got {_kind(v)} {v!r:.40}")
-            value = {str(k): float(v) for k, v in value.items()}
-        else:
-            value = dict(value)
-        allowed = rules.get("keys")
-        unknown = sorted(set(value) - set(allowed or value))
-        if unknown:
-            key = f"{dotted}.{unknown[0]}"
-            raise ConfigError(f"{origin.get(key, where)}: {key}: unknown key (known: {', '.join(allowed)})")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise ConfigError(f"{where}: {dotted}: must be 0 or more (0 means unlimited), got {value}")
-        ceiling = MAX_SECONDS if rules.get("seconds") else MAX_NUMBER
-        if value > ceiling:
-            raise ConfigError(f"{where}: {dotted}: {value:g} is too large (at most {ceiling:g}); use 0 for no limit")
-    if rules.get("nonempty") and (not value or (isinstance(value, list) and not all(item.strip() for item in value))
-                                  or (isinstance(value, str) and not value.strip())):
-        raise ConfigError(f"{where}: {dotted}: must not be empty (default: {_default(spec)!r})")
-    if rules.get("regexes"):
-        import re
-
-        for index, pattern in enumerate(value):
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise ConfigError(f"{where}: {dotted}[{index}]: not a valid regular expression ({error})") from None
-    choices = rules.get("choices")
-    if choices and value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"one of: {', '.join(choices)}"
-        raise ConfigError(f"{where}: {dotted}: unknown value {value!r} ({hint})")
-    return value
-
-
-def _default(spec: dataclasses.Field) -> Any:
-    return spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
 
 
 def _nearest_origin(origin: dict[str, str], dotted: str) -> str:

@@ -1,14 +1,28 @@
-"""Kinds of environment, model (and later executor) by name: a built-in short name, or `package.module:Class`
-naming a third party's own class, imported on first use so `miniswe --help` stays light."""
+"""Kinds of agent, environment and model (and later executor) by name: a built-in short name, or
+`package.module:Class` naming a third party's own class, imported on first use so `miniswe --help` stays light."""
 
 from __future__ import annotations
 
 import difflib
 import importlib
-from dataclasses import is_dataclass
 from typing import Any
 
 from miniswe.errors import ConfigError
+
+# The built-in kinds of each pluggable config section, by short name. Strings, not classes: naming a kind
+# imports nothing.
+KINDS = {
+    "agent": {"default": "miniswe.agent:Agent", "chat": "miniswe.chat.agent:ChatAgent"},
+    "environment": {
+        "local": "miniswe.environments.local:LocalEnvironment",
+        "docker": "miniswe.environments.docker:DockerEnvironment",
+    },
+    "model": {
+        "openai": "miniswe.models.openai:OpenAIModel",
+        "scripted": "miniswe.models.scripted:ScriptedModel",
+        "replay": "miniswe.models.replay:ReplayModel",
+    },
+}
 
 
 def load_kind(kind: str, builtins: dict[str, str], *, key: str, what: str) -> type:
@@ -33,9 +47,9 @@ def load_kind(kind: str, builtins: dict[str, str], *, key: str, what: str) -> ty
 
 
 def config_class(cls: type, base: type, *, key: str) -> Any:
-    """The settings dataclass a kind declares as `config_class` (the shared `base` when it declares none)."""
+    """The settings model a kind declares as `config_class` (the shared `base` when it declares none)."""
     declared = getattr(cls, "config_class", base)
-    if not (isinstance(declared, type) and is_dataclass(declared) and issubclass(declared, base)):
-        raise ConfigError(f"{key}: {cls.__module__}.{cls.__name__}.config_class must be a dataclass "
+    if not (isinstance(declared, type) and issubclass(declared, base)):
+        raise ConfigError(f"{key}: {cls.__module__}.{cls.__name__}.config_class must be a pydantic model "
                           f"that extends {base.__module__}.{base.__name__}")
     return declared

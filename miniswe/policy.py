@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+from miniswe.config import PolicyConfig
 
 # Where a command word can stand: a line's start or after a separator, then any keywords, variable assignments
 # and wrappers that run their arguments as a command (sudo, env, nohup, timeout, ...); the word may be a path
@@ -25,8 +26,8 @@ AT_COMMAND = (r"(?:^|[;&|({`]|\$\()\s*"
 _END = r"(?=\s|$|[;&|)`])"
 _ROOT_OR_HOME = r"(?:/\*?|(?:~|\$HOME|\$\{HOME\})(?:/\*?)?)"
 
-# The built-in rules, by name (policy.deny lists names and regexes): each pattern with what it would do, for the
-# model's refusal message.
+# The built-in rules, by name (policy.deny lists names and regexes; its default, config.DENY_RULES, names these):
+# each pattern with what it would do, for the model's refusal message.
 DENY = {
     "delete-root-or-home": (AT_COMMAND + r"rm\s+(?:[^;&|\n]*\s)?" + _ROOT_OR_HOME + _END,
                             "deletes the whole file system or the home folder"),
@@ -42,14 +43,6 @@ DENY = {
     "chmod-root": (AT_COMMAND + r"ch(?:mod|own|grp)\s+(?:-\S+\s+)*-\S*R\S*\s+(?:\S+\s+)?/" + _END,
                    "changes permissions of the whole file system"),
 }
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    deny: list[str] = field(default_factory=lambda: list(DENY), metadata={"regexes": True})  # built-in rule names and regexes: a matching command is refused, the model is told why, and the run goes on
-    confirm: list[str] = field(default_factory=list, metadata={"regexes": True})  # regexes: a matching command runs only when a person says yes (chat); refused where nobody is asked
-    containers: bool = False  # apply deny and confirm in containers too (there the container is the sandbox)
-    confine: bool = False  # local: commands may write only in the working directory and /tmp (Linux Landlock)
 
 
 # A quoted word that still names the root or the home folder: "/" and '/' are `/`; "$HOME" expands in double

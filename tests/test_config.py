@@ -48,12 +48,29 @@ def test_key_value_is_read_as_yaml():
         ("model.prices={input: 1}", "model.prices.input: unknown key"),
         ("protocol.action_tags=[]", "protocol.action_tags: must not be empty"),
         ("agent=5", "agent: expected a mapping"),
+        ("agent.step_limit=10000000000000000", "agent.step_limit: 1e+16 is too large (at most 1e+15); use 0 for no limit"),
+        ("agent.time_limit=40000000", "agent.time_limit: 4e+07 is too large (at most 3.16224e+07)"),
+        ("agent.hooks=[1]", "agent.hooks: expected a list of strings, got a list [1]"),
+        ("protocol.file_tools=1", "protocol.file_tools: expected true or false, got int 1"),
+        ("protocol.kind=tool", "protocol.kind: unknown value 'tool' (did you mean 'tools'?)"),
+        ("protocol.submit_marker=' '", "protocol.submit_marker: must not be empty (default: 'COMPLETE_TASK_AND_SUBMIT"),
+        ("policy.confirm=[ok, '*']", "policy.confirm[1]: not a valid regular expression (nothing to repeat"),
+        ("model.prices={prompt: -1}", "model.prices.prompt: expected a number of 0 or more, got int -1"),
+        ("agent.kind=defualt", "agent.kind: unknown agent 'defualt' (did you mean 'default'?)"),
     ],
 )
 def test_bad_values_fail_with_key_and_fix(source, message):
     with pytest.raises(ConfigError) as caught:
         load_config(source)
     assert message in str(caught.value)
+    assert "\n" not in str(caught.value) and "pydantic" not in str(caught.value) and "Input should" not in str(caught.value)
+    assert caught.value.__context__ is None or caught.value.__suppress_context__  # no chained traceback
+
+
+def test_numbers_are_text_where_text_is_expected_and_nothing_is_empty():
+    config = load_config("model.name=4", "agent.templates_dir=null", "agent.hooks=mine:Hook", "environment.env={A: 1, B: null}")
+    assert config.model.name == "4" and config.agent.templates_dir == "" and config.agent.hooks == ["mine:Hook"]
+    assert config.environment.env == {"A": "1", "B": ""}
 
 
 def test_file_errors_name_the_file_and_line(tmp_path):
@@ -87,21 +104,20 @@ def default_yaml() -> tuple[dict, dict[tuple[str, str], dict]]:
     return yaml.safe_load(text), blocks
 
 
-def test_default_yaml_is_the_settings_dataclasses_with_a_comment_per_key():
-    from dataclasses import asdict, fields
-
-    from miniswe.config import PLUGGABLE, Config
+def test_default_yaml_is_the_settings_models_with_a_comment_per_key():
+    from miniswe.config import PLUGGABLE, Config, settings_class
+    from miniswe.plugins import KINDS
 
     live, blocks = default_yaml()
-    assert live == asdict(Config()), "default.yaml's values are the dataclasses' defaults"
-    for section, (base, settings_class, builtins) in PLUGGABLE.items():
+    assert live == Config().to_dict(), "default.yaml's values are the settings models' defaults"
+    for section, base in PLUGGABLE.items():
         default_kind = getattr(Config(), section).kind
-        for kind in builtins:
-            cls = settings_class(kind)
+        for kind in KINDS[section]:
             if kind == default_kind:
                 continue
-            own = {f.name for f in fields(cls)} - {f.name for f in fields(base)}
-            assert blocks[(section, kind)] == {k: v for k, v in asdict(cls()).items() if k in own}, f"{section} kind {kind}"
+            own = set(settings_class(section, kind).model_fields) - set(base.model_fields)
+            defaults = settings_class(section, kind)().model_dump()
+            assert blocks[(section, kind)] == {k: v for k, v in defaults.items() if k in own}, f"{section} kind {kind}"
     text = open(__import__("miniswe.config", fromlist=["x"]).default_config_path()).read()
     for line in text.splitlines():
         if re.match(r"^  (#   )?\w+: ", line):
@@ -126,12 +142,10 @@ def test_one_key_of_a_mapping_can_be_set_alone(tmp_path):
 
 def test_default_yaml_lists_each_kinds_own_settings_with_their_defaults():
     """The commented `# kind: X adds` blocks are the reference for the other built-in kinds' settings."""
-    import re
-    from dataclasses import MISSING, fields
-
     import yaml
 
-    from miniswe.config import PLUGGABLE, default_config_path
+    from miniswe.config import PLUGGABLE, default_config_path, settings_class
+    from miniswe.plugins import KINDS
 
     text = open(default_config_path()).read()
     blocks = re.findall(r"# kind: (\w+) adds\n((?:\s*#   .*\n)+)", text)
@@ -143,8 +157,53 @@ def test_default_yaml_lists_each_kinds_own_settings_with_their_defaults():
             value, _, comment = rest.partition("  #")
             assert comment.strip(), f"{kind}: {key} has no comment in default.yaml"
             listed[key] = yaml.safe_load(value)
-        section = next(name for name, (_, _, kinds) in PLUGGABLE.items() if kind in kinds)
-        base, config_class, _ = PLUGGABLE[section]
-        own = {f.name: (f.default_factory() if f.default is MISSING else f.default)
-               for f in fields(config_class(kind)) if f.name not in {b.name for b in fields(base)}}
+        section = next(name for name in PLUGGABLE if kind in KINDS[name])
+        own = {name: spec.get_default(call_default_factory=True)
+               for name, spec in settings_class(section, kind).model_fields.items()
+               if name not in PLUGGABLE[section].model_fields}
         assert listed == own, f"default.yaml's `# kind: {kind} adds` block differs from its settings"
+
+
+CAREFUL = """
+from miniswe.config import AgentConfig, Count
+
+
+class CarefulConfig(AgentConfig):
+    patience: Count = 1  # how many times to look before each command
+
+
+class Careful:
+    config_class = CarefulConfig
+
+
+class Sloppy:
+    config_class = dict
+"""
+
+
+def test_an_agent_kind_brings_its_own_settings(tmp_path, monkeypatch):
+    (tmp_path / "careful.py").write_text(CAREFUL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config("agent.kind=careful:Careful", "agent.patience=3", "agent.step_limit=5")
+    assert (config.agent.patience, config.agent.step_limit) == (3, 5)
+    assert config.to_dict()["agent"]["kind"] == "careful:Careful"
+    with pytest.raises(ConfigError, match=r"^-c agent.patienc=3: agent.patienc: unknown key \(did you mean 'patience'\?\)$"):
+        load_config("agent.kind=careful:Careful", "agent.patienc=3")
+    with pytest.raises(ConfigError, match=r"agent.patience: must be 0 or more"):
+        load_config("agent.kind=careful:Careful", "agent.patience=-1")
+    with pytest.raises(ConfigError, match=r"agent.kind: careful.Sloppy.config_class must be a pydantic model that "
+                                          r"extends miniswe.config.AgentConfig"):
+        load_config("agent.kind=careful:Sloppy")
+
+
+def test_the_config_layer_imports_no_kind_and_no_loop():
+    """config.py and plugins.py name kinds by string; the kinds' packages load pydantic only when asked for a base."""
+    import subprocess
+    import sys
+
+    code = "import sys\nimport miniswe.config\nprint(sorted(m for m in sys.modules if m.startswith('miniswe.')))\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == "['miniswe.config', 'miniswe.errors', 'miniswe.plugins']\n"
+    code = "import sys\nimport miniswe.environments, miniswe.models\nprint('pydantic' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout == "False\n"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -24,6 +26,9 @@ pytestmark = pytest.mark.docker
 
 IMAGE = "miniswe-test:latest"
 ROOT = Path(__file__).resolve().parents[1]
+# Tests that need an orphan to stay until they remove it, and the one that runs `miniswe cleanup` (which removes
+# every orphan on the engine): one xdist worker runs them one at a time.
+ORPHANS = pytest.mark.xdist_group("docker-orphans")
 
 
 def _engine_problem(exe: str) -> str | None:
@@ -87,11 +92,17 @@ def in_subprocess(code: str, **kwargs) -> subprocess.Popen:
 
 def derived_image(name: str, command: str, exe: str = "docker") -> str:
     """IMAGE changed by `command` and committed as `name`, tagged with IMAGE's id (offline: nothing to pull),
-    once per engine and base image."""
+    once per engine and base image, whichever test process (an xdist worker, another session) asks first."""
     base = subprocess.run([exe, "image", "inspect", "--format", "{{.Id}}", IMAGE], capture_output=True, text=True)
     name = f"{name}:{base.stdout.strip().removeprefix('sha256:')[:12]}"
-    if subprocess.run([exe, "image", "inspect", name], capture_output=True).returncode == 0:
-        return name
+    with open(os.path.join(tempfile.gettempdir(), "miniswe-test-images.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if subprocess.run([exe, "image", "inspect", name], capture_output=True).returncode:
+            build_image(name, command, exe)
+    return name
+
+
+def build_image(name: str, command: str, exe: str) -> None:
     scratch = f"miniswe-derive-{uuid.uuid4().hex[:8]}"
     made = subprocess.run([exe, "run", "--name", scratch, "--entrypoint", "bash", IMAGE, "-c", command],
                           capture_output=True, text=True, timeout=120)
@@ -102,7 +113,6 @@ def derived_image(name: str, command: str, exe: str = "docker") -> str:
         assert committed.returncode == 0, committed.stderr
     finally:
         subprocess.run([exe, "rm", "-f", scratch], capture_output=True, timeout=60)
-    return name
 
 
 NO_PYTHON = "rm -f /usr/bin/python3*"  # bash stays: the exec-per-step fallback
@@ -368,6 +378,7 @@ def test_executor_container_removes_itself_when_its_owner_dies_without_cleanup(s
         remove_containers([name])
 
 
+@ORPHANS
 def test_sigterm_default_handler_leaves_orphan_that_cleanup_finds(no_python_image):
     """In exec-per-step mode the container is detached: without atexit it stays, and cleanup finds it."""
     child = owner_process(no_python_image)
@@ -380,6 +391,7 @@ def test_sigterm_default_handler_leaves_orphan_that_cleanup_finds(no_python_imag
         remove_containers([name])
 
 
+@ORPHANS
 def test_orphan_after_kill_9_is_found_and_removed(fresh, no_python_image):
     mine = fresh()
     child = owner_process(no_python_image, run_id=f"orphan-{uuid.uuid4().hex[:8]}")
@@ -398,6 +410,7 @@ def test_orphan_after_kill_9_is_found_and_removed(fresh, no_python_image):
     assert remove_containers([orphans[name]["id"]]) == []
 
 
+@ORPHANS
 def test_reused_pid_is_not_mistaken_for_the_owner():
     name = f"miniswe-test-reused-{uuid.uuid4().hex[:8]}"
     labels = {"run": name, "host": os.uname().nodename, "pid": str(os.getpid()), "pid_start": "1"}
@@ -493,6 +506,19 @@ def test_no_permission_on_socket():
     readable = tempfile.mkdtemp(prefix="miniswe-nobody-")
     try:
         shutil.copytree(ROOT / "miniswe", os.path.join(readable, "miniswe"), ignore=shutil.ignore_patterns("__pycache__"))
+        # the settings models need pydantic, which /usr/bin/python3 may lack: this interpreter's copy goes along
+        import pydantic
+        import pydantic_core
+        import typing_extensions
+
+        for module in (pydantic, pydantic_core):
+            shutil.copytree(os.path.dirname(module.__file__), os.path.join(readable, module.__name__),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("annotated_types", "typing_inspection"):
+            found = __import__(name)
+            shutil.copytree(os.path.dirname(found.__file__), os.path.join(readable, name),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(typing_extensions.__file__, readable)
         os.chmod(readable, 0o755)
         for folder, dirs, files in os.walk(readable):
             for name in dirs:

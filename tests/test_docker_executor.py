@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from miniswe.status import error_exit_code
+
 try:
     from test_docker import IMAGE, NO_BASH, NO_PYTHON, _engine_problem, derived_image, docker, exists, no_python_image  # noqa: F401
 except pytest.skip.Exception as no_engine:
@@ -92,7 +94,7 @@ def test_the_command_text_is_in_no_argv_or_environment(fresh, exe):
     assert env.execute(find, timeout=20).output == "found=0\npgrep=1\n"
     # and on the host: the attached client's argv names the container, never a command
     thread, box = in_background(env, f"# {marker}\nsleep 2")
-    time.sleep(1)
+    wait_for(lambda: running(env, "sleep 2", exe), "the command running")
     assert not [pid for pid, argv in host_cmdlines().items() if marker.encode() in argv]
     thread.join()
     assert box["result"].returncode == 0
@@ -124,7 +126,7 @@ def test_the_executor_ignores_signals_from_the_host_by_pid(fresh):
     pid = int(docker("inspect", "--format", "{{.State.Pid}}", env.name).stdout)
     assert b"miniswe-executor" in Path(f"/proc/{pid}/cmdline").read_bytes()
     thread, box = in_background(env, "sleep 2; echo done")
-    time.sleep(0.5)
+    wait_for(lambda: running(env, "sleep 2"), "the command running")
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGALRM, signal.SIGPIPE):
         os.kill(pid, number)  # a namespace's init takes only the signals it handles (SIGCHLD)
     thread.join(30)
@@ -210,7 +212,7 @@ def test_unsafe_run_args_are_refused_naming_the_argument(run_args, monkeypatch):
     with pytest.raises(ConfigError) as caught:
         DockerEnvironment(DockerConfig(image=IMAGE, run_args=run_args))
     message = str(caught.value)
-    assert caught.value.exit_code == 2
+    assert error_exit_code(caught.value) == 2
     assert run_args[0] in message and "allow_unsafe_run_args" in message and "\n" not in message
 
 
@@ -574,7 +576,7 @@ def test_no_secret_value_in_any_argv_or_the_containers_settings(fresh, mode, mon
                 forward_env=["FORWARDED_KEY"], run_args=["-e", f"RUN_ARG_SECRET={secrets['RUN_ARG_SECRET']}"])
     assert env.describe()["executor"] == mode
     thread, box = in_background(env, 'echo "$API_TOKEN $FORWARDED_KEY $RUN_ARG_SECRET"; sleep 2')
-    time.sleep(1)
+    wait_for(lambda: running(env, "sleep 2"), "the command running")
     argvs = b"\n".join(host_cmdlines().values())
     inspected = docker("inspect", env.name).stdout
     thread.join(30)

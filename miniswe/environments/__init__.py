@@ -1,31 +1,33 @@
-"""Where commands run: the Environment protocol, the settings every kind shares, one command's result, and
-the kinds by name.
+"""Where commands run: the Environment protocol, one command's result, and the kinds by name.
 
-A kind is a class with `config_class` (a dataclass extending EnvironmentConfig: its own settings beside the
-shared ones), built as `cls(config, run_id=..., hidden_env=...)`. Built-in kinds are named here; any other
-is given as `package.module:Class`.
+A kind is a class with `config_class` (a pydantic model extending EnvironmentConfig, which config.py declares
+with the settings every kind shares: its own settings beside those), built as
+`cls(config, run_id=..., hidden_env=...)`. Built-in kinds are named in plugins.py; any other is given as
+`package.module:Class`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from miniswe.plugins import config_class, load_kind
+from miniswe.plugins import KINDS as _KINDS
+from miniswe.plugins import load_kind
 
-KINDS = {
-    "local": "miniswe.environments.local:LocalEnvironment",
-    "docker": "miniswe.environments.docker:DockerEnvironment",
-}
+if TYPE_CHECKING:
+    from miniswe.config import EnvironmentConfig
+
+KINDS = _KINDS["environment"]
 
 
-@dataclass(frozen=True)
-class EnvironmentConfig:
-    kind: str = "local"  # local (bash -c on this machine), docker (one container per run), or package.module:Class
-    cwd: str = ""  # working directory of every command; "" = where miniswe was started (docker: /)
-    env: dict[str, str] = field(default_factory=dict)  # variables set for every command, over the inherited ones
-    timeout: float = field(default=60.0, metadata={"seconds": True})  # seconds per command, then everything it started is killed; 0 = none
-    capture_limit: int = 1_000_000  # bytes of each command's output kept (head + tail); 0 = all of it
+def __getattr__(name: str) -> Any:
+    # EnvironmentConfig, for a kind's settings to extend, comes from config.py on first use, so what needs only
+    # CommandResult or a submodule (replay, `miniswe cleanup`, the Ray cluster's helpers) does not load pydantic
+    if name == "EnvironmentConfig":
+        from miniswe.config import EnvironmentConfig
+
+        return EnvironmentConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,6 @@ class Environment(Protocol):
 
 def environment_class(kind: str) -> type:
     return load_kind(kind, KINDS, key="environment.kind", what="environment")
-
-
-def environment_config_class(kind: str) -> type:
-    return config_class(environment_class(kind), EnvironmentConfig, key="environment.kind")
 
 
 def build_environment(config: EnvironmentConfig, **context: Any) -> Environment:

@@ -2,15 +2,14 @@
 
 The container's main process (PID 1) is miniswe's executor (executor.py), run by the image's own python3
 and attached to miniswe through one `docker run -i` client: each command is a frame on its stdin, run as
-a fresh `bash -c` in its own session, its output streamed back (resident.py). Nothing in the container
+a fresh `bash -c` in its own session, its output streamed back (executor_client.py). Nothing in the container
 names a command in its argv, and nothing a command does to processes there can end the executor.
-Images without python3 fall back to one `docker exec` per command (execstep.py), with a notice.
+Images without python3 fall back to one `docker exec` per command (docker_exec.py), with a notice.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import os
 import re
@@ -20,11 +19,11 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from miniswe.environments import CommandResult, EnvironmentConfig
+from miniswe.config import Count, EnvironmentConfig, Number, Seconds, Strings, Text
+from miniswe.environments import CommandResult
 from miniswe.environments.containers import (
     engine_call,
     engine_problem,
@@ -33,33 +32,31 @@ from miniswe.environments.containers import (
     remove,
     says_no_such_image,
 )
-from miniswe.environments.execstep import KEEPER, ExecPerStep
+from miniswe.environments.docker_exec import KEEPER, ExecPerStep
 from miniswe.environments.executor import BOOT, NAME
 from miniswe.environments.local import QUIET_ENV
 from miniswe.environments.processes import stopped
-from miniswe.environments.resident import HEARTBEAT_S, Resident, StartFailed
+from miniswe.environments.executor_client import HEARTBEAT_S, Resident, StartFailed
 from miniswe.environments.runargs import read_run_args
 from miniswe.errors import ConfigError, SandboxError
 from miniswe.redaction import mask_run_args
 from miniswe.signals import Stop
 
-PULL_POLICIES = ("never", "missing", "always")
 MEMORY = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
 
 
-@dataclass(frozen=True)
 class DockerConfig(EnvironmentConfig):
     kind: str = "docker"
-    image: str = ""  # image to start
-    forward_env: list[str] = field(default_factory=list)  # host variables passed through by name (values never recorded)
-    run_args: list[str] = field(default_factory=list)  # extra `docker run` arguments, e.g. [--network, none]
-    executable: str = "docker"  # docker or podman
-    pull: str = field(default="missing", metadata={"choices": PULL_POLICIES})  # never, missing or always
-    start_timeout: float = field(default=120.0, metadata={"seconds": True})  # seconds allowed for pulling and starting the container
-    container_lifetime: float = field(default=14_400.0, metadata={"seconds": True})  # seconds after which the container removes itself even if miniswe died
-    pids_limit: int = 2048  # processes and threads the container may hold, so a fork bomb stays inside; 0 = the engine's default
-    memory: str = ""  # memory limit, e.g. 4g; past it the kernel kills the largest command; "" = none
-    cpus: float = 0.0  # CPUs the container may use, e.g. 2 or 0.5; 0 = no limit
+    image: Text = ""  # image to start
+    forward_env: Strings = []  # host variables passed through by name (values never recorded)
+    run_args: Strings = []  # extra `docker run` arguments, e.g. [--network, none]
+    executable: Text = "docker"  # docker or podman
+    pull: Literal["never", "missing", "always"] = "missing"  # never, missing or always
+    start_timeout: Seconds = 120.0  # seconds allowed for pulling and starting the container
+    container_lifetime: Seconds = 14_400.0  # seconds after which the container removes itself even if miniswe died
+    pids_limit: Count = 2048  # processes and threads the container may hold, so a fork bomb stays inside; 0 = the engine's default
+    memory: Text = ""  # memory limit, e.g. 4g; past it the kernel kills the largest command; "" = none
+    cpus: Number = 0.0  # CPUs the container may use, e.g. 2 or 0.5; 0 = no limit
     allow_unsafe_run_args: bool = False  # allow run_args that reach outside the container (--pid, --network host, --privileged, ...)
 
 
@@ -77,7 +74,7 @@ class DockerEnvironment:
     def check(config: DockerConfig) -> DockerConfig:
         """Settings problems found without touching the engine (ConfigError); the settings as used."""
         if not config.cwd:
-            config = dataclasses.replace(config, cwd="/")  # the shared config's "" means the image's root here
+            config = config.model_copy(update={"cwd": "/"})  # the shared config's "" means the image's root here
         if not config.image:
             raise ConfigError("environment.image: no image given; set environment.image or pass --image")
         if config.container_lifetime <= 0:

@@ -11,10 +11,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from miniswe.environments import CommandResult, EnvironmentConfig
+from miniswe.config import EnvironmentConfig
+from miniswe.environments import CommandResult
 from miniswe.environments.capture import capture
 from miniswe.environments.spawner import kill_descendants, landlock_abi
 from miniswe.errors import SandboxError
@@ -31,7 +31,6 @@ SPAWNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spawner.py")
 ANSWER_S = 10.0  # how long the spawner may take to start a command or to end
 
 
-@dataclass(frozen=True)
 class LocalConfig(EnvironmentConfig):
     kind: str = "local"
 

@@ -1,11 +1,12 @@
-"""Language models: the Model protocol, the settings every kind shares, what one call returns, and the kinds by name.
+"""Language models: the Model protocol, what one call returns, and the kinds by name.
 
-A kind is a class with `config_class` (a dataclass extending ModelConfig), built as
+A kind is a class with `config_class` (a pydantic model extending config.py's ModelConfig), built as
 `cls(config, gate=..., stop=..., on_retry=..., calls_made=...)`: the call gate it shares with other runs,
 the Stop that may cancel a call, a callback told of each retry, and how many calls the run already made
-(a resumed run; a model answering from a list goes on from there). Built-in kinds are named here; any other is
-given as `package.module:Class`. A kind may also have `for_child(stop=..., on_retry=...)`, the model a sub-agent
-uses (the built-in kinds share their gate, or their script's position); without it a sub-agent builds its own.
+(a resumed run; a model answering from a list goes on from there). Built-in kinds are named in plugins.py;
+any other is given as `package.module:Class`. A kind may also have `for_child(stop=..., on_retry=...)`, the
+model a sub-agent uses (the built-in kinds share their gate, or their script's position); without it a
+sub-agent builds its own.
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from miniswe.plugins import config_class, load_kind
+from miniswe.plugins import KINDS as _KINDS
+from miniswe.plugins import load_kind
 from miniswe.usage import Usage
 
-KINDS = {
-    "openai": "miniswe.models.openai:OpenAIModel",
-    "scripted": "miniswe.models.scripted:ScriptedModel",
-    "replay": "miniswe.models.replay:ReplayModel",
-}
+KINDS = _KINDS["model"]
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    kind: str = "openai"  # openai (any OpenAI-compatible endpoint), scripted (replies from a file), or package.module:Class
-    name: str = ""  # model name sent to the endpoint; also -m / MINISWE_MODEL
+def __getattr__(name: str) -> Any:
+    # ModelConfig, for a kind's settings to extend, comes from config.py on first use, so what needs only Reply
+    # or ToolCall (the trajectory's and the inspector's readers) does not load pydantic
+    if name == "ModelConfig":
+        from miniswe.config import ModelConfig
+
+        return ModelConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,3 @@ def calls_tools(cls: type) -> bool:
 
 def model_class(kind: str) -> type:
     return load_kind(kind, KINDS, key="model.kind", what="model")
-
-
-def model_config_class(kind: str) -> type:
-    return config_class(model_class(kind), ModelConfig, key="model.kind")

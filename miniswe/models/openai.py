@@ -17,12 +17,12 @@ import re
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from miniswe import __version__, debuglog
+from miniswe.config import Mapping, ModelConfig, Number, Seconds, Text
 from miniswe.errors import Cancelled, ConfigError, ContextLengthError, DeadlineReached, ModelError
-from miniswe.models import ModelConfig, Reply, ToolCall
+from miniswe.models import Reply, ToolCall
 from miniswe.models.deadline import Watchdog
 from miniswe.models.gate import CallGate
 from miniswe.models.pricing import PriceSettings, price
@@ -39,17 +39,16 @@ FIXES = {
 }
 
 
-@dataclass(frozen=True)
 class OpenAIConfig(PriceSettings, RetrySettings, ModelConfig):
     kind: str = "openai"
-    base_url: str = ""  # e.g. http://127.0.0.1:8000/v1; also --base-url / OPENAI_BASE_URL
-    api_key_env: str = "OPENAI_API_KEY"  # name of the variable holding the key; no Authorization header when unset
-    temperature: float = 0.0  # sampling temperature
-    params: dict[str, Any] = field(default_factory=dict)  # extra request body fields, e.g. {max_tokens: 4096, top_p: 0.95}
-    timeout: float = field(default=600.0, metadata={"seconds": True})  # seconds one call may take as a whole, answer included; 0 = no limit
-    connect_timeout: float = field(default=10.0, metadata={"seconds": True})  # seconds to connect; 0 = no limit
+    base_url: Text = ""  # e.g. http://127.0.0.1:8000/v1; also --base-url / OPENAI_BASE_URL
+    api_key_env: Text = "OPENAI_API_KEY"  # name of the variable holding the key; no Authorization header when unset
+    temperature: Number = 0.0  # sampling temperature
+    params: Mapping = {}  # extra request body fields, e.g. {max_tokens: 4096, top_p: 0.95}
+    timeout: Seconds = 600.0  # seconds one call may take as a whole, answer included; 0 = no limit
+    connect_timeout: Seconds = 10.0  # seconds to connect; 0 = no limit
     stream: bool = False  # read replies as server-sent events as they are generated (chat shows them live)
-    stream_idle_timeout: float = field(default=120.0, metadata={"seconds": True})  # seconds a stream may send nothing (the wait for its first token too) before it is cut and retried; 0 = no limit
+    stream_idle_timeout: Seconds = 120.0  # seconds a stream may send nothing (the wait for its first token too) before it is cut and retried; 0 = no limit
 
 
 class OpenAIModel:
@@ -320,9 +319,13 @@ class OpenAIModel:
         )
 
     def _scrub(self, message: str) -> str:
-        """Servers sometimes echo the key back in their error messages."""
+        """Servers sometimes echo the key back in their error messages: masked here whatever its length (a key too
+        short to mask in free text is still known to stand in a server's message), then as every printed text is."""
+        from miniswe.output import SECRETS
+        from miniswe.redaction import MASK
+
         key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
-        return message.replace(key, "***") if key else message
+        return SECRETS.scrub(message.replace(key, MASK) if key else message)
 
 
 def _session(track: Callable[[Any], None]) -> Any:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
+from pydantic import BeforeValidator, Field
+
+from miniswe.config import Settings, as_mapping
 from miniswe.usage import Usage
 
-PRICE_KEYS = ("prompt", "completion", "cached")
+Prices = Annotated[dict[Literal["prompt", "completion", "cached"], Annotated[float, Field(ge=0, allow_inf_nan=False)]],
+                   BeforeValidator(as_mapping)]
 
 
-@dataclass(frozen=True)
-class PriceSettings:
-    prices: dict[str, float] = field(default_factory=dict, metadata={"keys": PRICE_KEYS})  # USD per million tokens when the endpoint reports no cost: {prompt: 3, completion: 15, cached: 0.3}
+class PriceSettings(Settings):
+    prices: Prices = {}  # USD per million tokens when the endpoint reports no cost: {prompt: 3, completion: 15, cached: 0.3}
 
 
 def price(usage: Usage, prices: dict[str, float]) -> float:

@@ -4,18 +4,17 @@ and templates, so a run can be reproduced offline to test a change to miniswe it
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from miniswe.config import ModelConfig, Text
 from miniswe.errors import ConfigError, ModelError, TrajectoryError
-from miniswe.models import ModelConfig, Reply, ToolCall
+from miniswe.models import Reply, ToolCall
 from miniswe.usage import Usage
 
 
-@dataclass(frozen=True)
 class ReplayConfig(ModelConfig):
     kind: str = "replay"
-    trajectory: str = ""  # the trajectory whose replies are given back, one per call
+    trajectory: Text = ""  # the trajectory whose replies are given back, one per call
 
 
 class ReplayModel:

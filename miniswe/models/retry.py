@@ -7,9 +7,9 @@ import email.utils
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TypeVar
 
+from miniswe.config import Count, Seconds, Settings
 from miniswe.errors import Cancelled, DeadlineReached, ModelError
 from miniswe.models.gate import CallGate
 from miniswe.signals import Stop
@@ -18,10 +18,9 @@ T = TypeVar("T")
 MAX_RETRY_AFTER = 3600.0
 
 
-@dataclass(frozen=True)
-class RetrySettings:
-    retries: int = 10  # retries after the first attempt on connection errors, timeouts, 408/409/425/429, 5xx, malformed replies
-    max_backoff: float = field(default=60.0, metadata={"seconds": True})  # ceiling in seconds of the Fibonacci backoff between retries
+class RetrySettings(Settings):
+    retries: Count = 10  # retries after the first attempt on connection errors, timeouts, 408/409/425/429, 5xx, malformed replies
+    max_backoff: Seconds = 60.0  # ceiling in seconds of the Fibonacci backoff between retries
 
 
 class Transient(Exception):

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from miniswe.config import ModelConfig, Text
 from miniswe.errors import ConfigError, ModelError
-from miniswe.models import ModelConfig, Reply, ToolCall
+from miniswe.models import Reply, ToolCall
 from miniswe.usage import call_usage
 
 
-@dataclass(frozen=True)
 class ScriptedConfig(ModelConfig):
     kind: str = "scripted"
-    script: str = ""  # YAML/JSON list of replies: strings, or {content, reasoning, finish_reason, usage, cost, tool_calls}
+    script: Text = ""  # YAML/JSON list of replies: strings, or {content, reasoning, finish_reason, usage, cost, tool_calls}
 
 
 def load_script(path: str) -> list[Any]:
