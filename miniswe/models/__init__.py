@@ -12,14 +12,12 @@ sub-agent builds its own.
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from miniswe.plugins import KINDS as _KINDS
 from miniswe.plugins import load_kind
-from miniswe.usage import Usage
+from miniswe.protocol import Reply, ToolCall  # noqa: F401  (what a model returns: the protocol reads it)
 
 KINDS = _KINDS["model"]
 
@@ -32,41 +30,6 @@ def __getattr__(name: str) -> Any:
 
         return ModelConfig
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One native tool call of a reply (protocol.kind: tools): `arguments` is the JSON text the model wrote,
-    unparsed, so a malformed one can be shown back to it."""
-
-    id: str
-    name: str
-    arguments: str
-
-    def to_wire(self) -> dict[str, Any]:
-        """The call as an assistant message carries it (OpenAI's shape)."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-    @classmethod
-    def from_wire(cls, data: Any, index: int = 0) -> ToolCall:
-        """A call as an endpoint or a trajectory gives it; missing parts become empty text (the parser says so)."""
-        data = data if isinstance(data, dict) else {}
-        function = data.get("function") if isinstance(data.get("function"), dict) else {}
-        arguments = function.get("arguments")
-        if not isinstance(arguments, str):  # some servers send the object itself
-            arguments = "" if arguments is None else json.dumps(arguments)
-        return cls(str(data.get("id") or f"call_{index + 1}"), str(function.get("name") or ""), arguments)
-
-
-@dataclass
-class Reply:
-    content: str
-    reasoning: str | None = None
-    finish_reason: str | None = None
-    usage: Usage = field(default_factory=lambda: Usage(model_calls=1))
-    latency_s: float = 0.0
-    warnings: list[str] = field(default_factory=list)  # what was wrong with the answer but not fatal (odd usage figures)
-    tool_calls: list[ToolCall] = field(default_factory=list)  # native tool calls (protocol.kind: tools)
 
 
 class Model(Protocol):
