@@ -282,6 +282,9 @@ def replay(
 
         recording = load_any(trajectory)  # the reference implementation's runs replay too
         cfg = resolve_config(config, {"cwd": cwd}, base=restore_secrets(recording.config))
+        from miniswe.runner import check_unmasked
+
+        check_unmasked(cfg)  # commands must not run with the mask as a secret's value
         if mask:
             from miniswe.config import override
 

@@ -97,7 +97,9 @@ def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, Any] | None = None) -> Any:
     """Defaults (or `base`, a recorded config), then -c sources, then flags. $OPENAI_BASE_URL and
-    $MINISWE_MODEL fill what config leaves empty, for a model kind that has those settings."""
+    $MINISWE_MODEL fill what config leaves empty, for a model kind that has those settings. A local working
+    directory given relative is made absolute here, against the shell it was typed in: a resumed run reads it
+    from the record, wherever it is resumed from."""
     from miniswe.config import load_config, override
 
     if flags.get("debug") and not os.environ.get("MINISWE_DEBUG"):
@@ -107,4 +109,8 @@ def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, An
     for key, variable in (("base_url", "OPENAI_BASE_URL"), ("name", "MINISWE_MODEL")):
         if hasattr(config.model, key) and not getattr(config.model, key) and os.environ.get(variable):
             from_env[key] = os.environ[variable]
-    return override(config, model=from_env) if from_env else config
+    changes: dict[str, Any] = {"model": from_env} if from_env else {}
+    cwd = config.environment.cwd
+    if config.environment.kind == "local" and cwd and not os.path.isabs(cwd):
+        changes["environment"] = {"cwd": os.path.abspath(cwd)}
+    return override(config, **changes) if changes else config

@@ -80,7 +80,12 @@ def continue_run(
 def recorded_config(trajectory: Trajectory, configure: Configure) -> Config:
     """The recorded config, then what was given now, checked as a new run's is (bad settings stop here, before
     the trajectory is touched)."""
-    config = configure(restore_secrets(trajectory.config))
+    recorded = restore_secrets(trajectory.config)
+    environment = recorded.get("environment") or {}
+    where = trajectory.environment.get("cwd")
+    if environment.get("cwd") and not os.path.isabs(environment["cwd"]) and where and os.path.isabs(where):
+        environment["cwd"] = where  # an older record's relative directory, as the run resolved it, not this shell
+    config = configure(recorded)
     check_ready(config, trajectory.task)
     return config
 

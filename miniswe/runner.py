@@ -81,9 +81,10 @@ def check_protocol(config: Config) -> None:
 
 
 def check_unmasked(config: Config) -> None:
-    """A model setting still masked (a resumed or forked run whose secret's variable is not set) would send the
-    mask itself to the endpoint: refused, naming the variable to set."""
-    found = masked_left(config.to_dict())
+    """A setting still masked (a resumed, forked or replayed run whose secret's variable is not set) would send
+    the mask itself to the endpoint, or run commands with it as the secret's value: refused, naming the variable
+    to set."""
+    found = masked_left(config.to_dict(), ("model", "environment"))
     if found:
         key, variable = found
         raise ConfigError(f"{key}: the recording masked this secret ({MASK}) and ${variable} is not set; set "
