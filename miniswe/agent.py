@@ -137,6 +137,7 @@ class Agent:
         `typed`: a person's command instead), then for each in turn a step: ask the hooks, run it, observe. The
         first outcome ends the reply's steps; calls left are answered as not run."""
         first = len(self.trajectory.steps) + 1
+        self.trajectory.add_usage(reply.usage)  # the budget counts the call before any hook hears of it
         self.messages.append(self.protocol.assistant(reply))
         self.hooks("after_reply", ReplyEvent(first, reply))
         made = made_by(reply)

@@ -418,7 +418,6 @@ class TrajectoryWriter:
 
     def after_reply(self, event: Any) -> None:
         reply, trajectory = event.reply, self.trajectory
-        trajectory.add_usage(reply.usage)
         trajectory.add_message("assistant", reply.content, event.step,
                                tool_calls=[call.to_wire() for call in reply.tool_calls])
         for warning in reply.warnings:
