@@ -52,7 +52,6 @@ class ChatSession:
         self.ctx = RunContext.open(config, self.trajectory, stop=stop, renderer=renderer, notify=notify, ask=ask,
                                    hooks=hooks, on_delta=on_delta)
         self.renderer = self.ctx.renderer
-        self.secrets = self.ctx.secrets
         # the configured agent kind, when it is chat's own or a subclass of it
         configured = agent_class(config)
         self.cls = configured if issubclass(configured, ChatAgent) else ChatAgent
