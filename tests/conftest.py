@@ -17,6 +17,22 @@ from replies import SUBMIT, F, act  # noqa: E402,F401  (the tests import these f
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent with -p no:xdist
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (what ./dev test asks for): two workers a core, since most tests wait on their subprocesses."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 2 * cores
+
+
+@pytest.hookimpl(tryfirst=True)  # before its fixtures are set up
+def pytest_runtest_setup(item) -> None:
+    """A test kept apart by an xdist_group mark fails rather than run beside the others unsafely, where pytest-xdist
+    ignored the mark (it adds "@GROUP" to the ids of the tests it groups)."""
+    if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+        pytest.fail("pytest-xdist ignored this test's xdist_group mark (as with pytest 9.2: pytest-dev/pytest-xdist#1386); "
+                    "pip install 'pytest<9.2', or run with -n 0", pytrace=False)
+
+
 @pytest.fixture
 def server():
     with ScriptedServer() as srv:
@@ -61,6 +77,19 @@ def read_line(stream, timeout: float = 20) -> str:
             break
         line += byte
     return line.decode()
+
+
+def read_until(stream, text: str, timeout: float = 20) -> str:
+    """A child's pipe read line by line up to the first line holding `text` (what a test waits for instead of
+    sleeping); the lines read, or an AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    while not lines or text not in lines[-1]:
+        line = read_line(stream, max(deadline - time.monotonic(), 0.01))
+        if not line:
+            raise AssertionError(f"the child closed its pipe before printing {text!r}; it printed: {''.join(lines)[-2000:]!r}")
+        lines.append(line)
+    return "".join(lines)
 
 
 def pids_alive(pids) -> list[int]:

@@ -2,8 +2,11 @@
 
 LoopbackNamespace starts `unshare -rn` (a new user and network namespace: root in it maps to whoever ran the
 tests) with `lo` up; every process of a test that may touch a network (Ray's nodes, the scripted model server,
-`miniswe batch`) is started inside it through `nsenter`, so nothing can leave the machine. At the end, every
-process in that namespace is killed: they are all this test's.
+`miniswe batch`) is started inside it through `nsenter`, so nothing can leave the machine. Their TMPDIR is a
+folder of the namespace's own (beside its HOME, reached through a short link in /tmp, as Ray's unix sockets live
+below it and a socket's path may not exceed 107 bytes): the tasks' scratch folders there are this test's alone,
+whatever else runs on the machine, and Ray's logs stay with the test's other files. At the end, every process in
+that namespace is killed: they are all this test's.
 
 TwoNodeCluster is a head and a second node joined with `ray start --address`, each with its own resources and
 a NODE variable that the tasks' commands can echo, so a test can tell where each task ran.
@@ -57,6 +60,7 @@ class LoopbackNamespace:
         go out there, counted in `sent_outside` (an ARP for the gateway at least), and reach nothing."""
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
+        self.tmp = short_link(home.parent / "tmp")  # TMPDIR inside
         script = "ip link set lo up"
         if second_interface:
             script += (" && ip link add mv0 type veth peer name mv1"
@@ -71,7 +75,7 @@ class LoopbackNamespace:
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MINISWE_", "RAY_"))}
-        self.env.update(RAY_ENV, HOME=str(home), RAY_AUTH_TOKEN_PATH=str(token),
+        self.env.update(RAY_ENV, HOME=str(home), TMPDIR=str(self.tmp), RAY_AUTH_TOKEN_PATH=str(token),
                         PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
     def argv(self, *args: str) -> list[str]:
@@ -119,6 +123,19 @@ class LoopbackNamespace:
                     pass
             time.sleep(0.2)
         self.holder.wait(timeout=10)
+        self.tmp.unlink()
+
+
+def short_link(folder: Path) -> Path:
+    """A new link /tmp/mr-XXXXXXXX to `folder` (made if missing)."""
+    folder.mkdir(exist_ok=True)
+    while True:
+        link = Path("/tmp") / f"mr-{secrets.token_hex(4)}"
+        try:
+            link.symlink_to(folder)
+            return link
+        except FileExistsError:
+            continue
 
 
 def descendants(pid: int) -> list[int]:
@@ -146,11 +163,14 @@ class TwoNodeCluster:
     def __init__(self, ns: LoopbackNamespace, tmp: Path, *, cpus: int = 2, port: int = 6380):
         self.ns, self.tmp, self.cpus = ns, tmp, cpus
         self.address = f"127.0.0.1:{port}"
-        self.temp_dir = tmp / "ray"  # short: Ray's socket paths live below it
         self.nodes: dict[str, subprocess.Popen] = {}
+        # in the namespace's TMPDIR, by its short link: Ray's socket paths live below them
         self.start_node("head", "--head", f"--port={port}", "--include-dashboard=false", "--disable-usage-stats",
-                        f"--temp-dir={self.temp_dir}")
-        self.start_node("worker", f"--address={self.address}", f"--temp-dir={tmp / 'ray-w'}")
+                        f"--temp-dir={ns.tmp / 'ray'}")
+        self.start_worker()
+
+    def start_worker(self) -> None:
+        self.start_node("worker", f"--address={self.address}", f"--temp-dir={self.ns.tmp / 'ray-w'}")
 
     def start_node(self, name: str, *args: str) -> None:
         log = open(self.tmp / f"node-{name}.log", "w")
@@ -169,14 +189,16 @@ class TwoNodeCluster:
             assert time.monotonic() < deadline, f"{count} Ray node(s) not up: {probe.stdout} {probe.stderr[-2000:]}"
             time.sleep(0.5)
 
-    def kill_node(self, name: str) -> None:
-        """SIGKILL the node's every process at once, as if its machine died."""
-        for pid in descendants(self.nodes[name].pid):
+    def kill_node(self, name: str) -> list[int]:
+        """SIGKILL the node's every process at once, as if its machine died; their pids."""
+        pids = descendants(self.nodes[name].pid)
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.nodes.pop(name).wait(timeout=10)
+        return pids
 
 
 ALIVE_NODES = """

@@ -78,10 +78,23 @@ class Terminal:
     def wait_prompt(self, pattern: str, timeout: float = 30) -> None:
         """Until the line the cursor is on is a prompt (`pattern` matching its start) waiting for input."""
         deadline = time.monotonic() + timeout
-        while not re.match(pattern + r"\s*$", self.cursor_line()):
+        while not (re.match(pattern + r"\s*$", self.cursor_line()) and self.reading()):
             if time.monotonic() > deadline:
                 raise AssertionError(f"no prompt {pattern!r} within {timeout}s; screen:\n" + "\n".join(self.display()))
             self.pump(0.1)
+
+    def reading(self) -> bool:
+        """Whether the program reads keys one at a time (its line editor has the terminal in raw mode). Keys sent
+        before then meet the terminal's line discipline, as a busy program's would: echoed, Enter turned into
+        Ctrl+J, Ctrl-D taken for an end of file."""
+        return not termios.tcgetattr(self.fd)[3] & termios.ICANON
+
+    def wait_reading(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.reading():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the program did not read keys within {timeout}s; screen:\n" + "\n".join(self.display()))
+            self.pump(0.05)
 
     def send(self, data: str | bytes, pause: float = 0.05) -> None:
         os.write(self.fd, data.encode() if isinstance(data, str) else data)

@@ -24,10 +24,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import read_line
-from raycluster import ROOT, LoopbackNamespace, TwoNodeCluster, unavailable
+from conftest import read_line, read_until
+from raycluster import ROOT, LoopbackNamespace, TwoNodeCluster, descendants, unavailable
 from replies import act
 import waiting
+
+from miniswe.batch.ray_cluster import MEMBERS
 
 _problem = None if importlib.util.find_spec("ray") else "ray is not installed (pip install -e '.[test,ray]')"
 _problem = _problem or unavailable()
@@ -36,7 +38,10 @@ if _problem:
         raise RuntimeError(f"MINISWE_REQUIRE_RAY=1 but the Ray tests cannot run: {_problem}")
     pytest.skip(_problem, allow_module_level=True)
 
-pytestmark = pytest.mark.ray
+# The tests on the module's two-node cluster run on one xdist worker, one after another; those that start
+# a private cluster, on another: two more clusters at once would overload a small machine.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray-cluster")]
+PRIVATE = pytest.mark.xdist_group("ray-private")
 
 # A counter in the task's workspace submits at step $STEPS; each step also notes the node it ran on. The count
 # is replaced, not rewritten in place: a kill mid-command leaves the old count or the new one, never an empty file.
@@ -61,7 +66,7 @@ def cluster(tmp_path_factory):
 def work(cluster, tmp_path):
     """A task folder; restores the second node if a test killed it."""
     if "worker" not in cluster.nodes:
-        cluster.start_node("worker", f"--address={cluster.address}", f"--temp-dir={cluster.tmp / 'ray-w'}")
+        cluster.start_worker()
     return tmp_path
 
 
@@ -140,16 +145,26 @@ def trajectory(run_dir: Path, record: dict) -> dict:
     return json.loads((run_dir / record["trajectory"]).read_text())
 
 
-def orphaned_scratch() -> list[Path]:
-    """Task scratch folders on this machine whose worker process is gone."""
+def orphaned_scratch(tmp: Path) -> list[Path]:
+    """Task scratch folders in `tmp` (a namespace's TMPDIR) whose worker process is gone."""
     from miniswe.environments.processes import running
 
     found = []
-    for owner in Path("/tmp").glob("miniswe-tasks-*/*/.owner"):
+    for owner in tmp.glob("miniswe-tasks-*/*/.owner"):
         with contextlib.suppress(OSError, ValueError):
             pid, _, start = owner.read_text().strip().partition(" ")
             if not running(int(pid), start):
                 found.append(owner.parent)
+    return found
+
+
+def running_in(cluster: TwoNodeCluster, pids: list[int]) -> set[str]:
+    """The tasks running in these processes: whose scratch folder (in the namespace's TMPDIR) one of them owns."""
+    found = set()
+    for owner in cluster.ns.tmp.glob("miniswe-tasks-*/*/.owner"):
+        with contextlib.suppress(OSError, ValueError):
+            if int(owner.read_text().split()[0]) in pids:
+                found.add(owner.parent.name)
     return found
 
 
@@ -169,7 +184,7 @@ def test_spread_over_both_nodes_with_the_same_ledger_and_report_as_threads(clust
     steps = {f"t{i:02d}": 2 + i % 3 for i in range(12)}
     write_tasks(work, [task(i, s, sleep=0.1) for i, s in steps.items()])
     # run directories named alike: their paths are in the prompts, and so in the token counts
-    scratch = set(Path("/tmp").glob("miniswe-tasks-*/*"))
+    scratch = set(cluster.ns.tmp.glob("miniswe-tasks-*/*"))
     threads = cluster.ns.run(*batch_argv(server, "run-t", "-w", "4", "-q"), cwd=work)
     assert threads.returncode == 0, threads.stderr
     code, out, err = finish(start_batch(cluster, work, server, "-w", "4", run_dir="run-r"))
@@ -198,20 +213,18 @@ def test_spread_over_both_nodes_with_the_same_ledger_and_report_as_threads(clust
     run_json = json.loads((ray_run / "run.json").read_text())
     assert run_json["status"] == "finished" and run_json["options"]["executor"] == "ray"
     assert len(server.requests) == 2 * sum(steps.values())
-    assert set(Path("/tmp").glob("miniswe-tasks-*/*")) <= scratch, "scratch folders left on the nodes"
+    assert set(cluster.ns.tmp.glob("miniswe-tasks-*/*")) <= scratch, "scratch folders left on the nodes"
 
 
 def test_a_node_killed_mid_batch_loses_only_its_running_tasks_and_a_rerun_finishes(cluster, work, server):
     write_tasks(work, [task(f"t{i}", 8, sleep=0.5) for i in range(8)])
     run = work / "run"
     proc = start_batch(cluster, work, server, "-w", "4")
-    on_worker = lambda: [p.parent.parent.name for p in run.glob("*/workspace/nodes") if "worker" in p.read_text()]  # noqa: E731
-    wait_for(lambda: len(on_worker()) >= 2)
-    lost = set(on_worker())
-    # a task resumes from the latest copy of its trajectory the driver holds: kill once each has one with a step
-    # (how soon one arrives depends on the machine's load)
-    wait_for(lambda: all(copied_steps(run, i) for i in lost))
-    cluster.kill_node("worker")
+    # a task resumes from the latest copy of its trajectory the driver holds: kill once the second node runs two
+    # tasks, each with a copy that has a step (how soon one arrives depends on the machine's load)
+    on_worker = lambda: running_in(cluster, descendants(cluster.nodes["worker"].pid))  # noqa: E731
+    wait_for(lambda: len(running := on_worker()) >= 2 and all(copied_steps(run, i) for i in running))
+    lost = running_in(cluster, cluster.kill_node("worker"))  # what it ran when it died
     code, out, err = finish(proc)
     assert code == 3, err  # infrastructure failures
     records = ledger(run)
@@ -224,7 +237,7 @@ def test_a_node_killed_mid_batch_loses_only_its_running_tasks_and_a_rerun_finish
         data = trajectory(run, record)
         assert data["exit_status"] == "SandboxError" and data["metadata"]["task_id"] == task_id
 
-    cluster.start_node("worker", f"--address={cluster.address}", f"--temp-dir={cluster.tmp / 'ray-w'}")
+    cluster.start_worker()
     code, out, err = finish(start_batch(cluster, work, server, "-w", "4"))
     assert code == 0, err
     assert f"{8 - len(lost)} already done, {len(lost)} to run" in err
@@ -232,7 +245,7 @@ def test_a_node_killed_mid_batch_loses_only_its_running_tasks_and_a_rerun_finish
     assert {r["exit_status"] for r in records.values()} == {"Submitted"}
     # the lost tasks went on from their last trajectory copies (no verdict: resumed, not started over)
     assert all(records[i]["attempt"] == 1 and trajectory(run, records[i])["resumes"] for i in lost)
-    assert not orphaned_scratch(), "the dead node's scratch folders were not swept by the next batch"
+    assert not orphaned_scratch(cluster.ns.tmp), "the dead node's scratch folders were not swept by the next batch"
 
 
 def test_driver_killed_then_resumed_loses_and_repeats_nothing(cluster, work, server):
@@ -268,7 +281,7 @@ def test_driver_killed_then_resumed_loses_and_repeats_nothing(cluster, work, ser
     assert all(r["steps"] == 4 for i, r in records.items() if i not in in_flight)
     assert len(server.requests) - served <= 4 * (16 - len(finished))
     assert all((run / i / f"{i}.traj.json").read_bytes() == data for i, data in kept.items())
-    assert not orphaned_scratch()
+    assert not orphaned_scratch(cluster.ns.tmp)
 
 
 def test_a_429_on_one_node_pauses_every_task_on_both(cluster, work):
@@ -332,7 +345,7 @@ def test_sigint_twice_stops_every_node_at_once_and_kills_running_commands(cluste
         assert set().union(*(nodes_of(run, p.parent.parent.name) for p in run.glob("*/workspace/pid"))) == {"head", "worker"}
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        read_until(proc.stderr, "starting no new task")  # the first is taken before the second is sent
         proc.send_signal(signal.SIGINT)
         code, out, err = finish(proc, timeout=60)
         assert code == 130, err
@@ -383,6 +396,11 @@ def test_sigint_twice_leaves_no_container_on_any_node(cluster, work):
         pytest.skip(problem)
     tag = f"raystop{time.monotonic_ns()}"
     server = Server(cluster.ns, work, default=act("echo started > /tmp/started; sleep 60"))
+
+    def started(container: str) -> bool:
+        return subprocess.run(["docker", "exec", container, "test", "-f", "/tmp/started"], capture_output=True,
+                              timeout=30).returncode == 0
+
     try:
         write_tasks(work, [task(f"{tag}-{i}", env={"image": "miniswe-test:latest"}) for i in range(4)])
         run = work / "run"
@@ -394,9 +412,9 @@ def test_sigint_twice_leaves_no_container_on_any_node(cluster, work):
             return [line.split()[0] for line in listing.stdout.splitlines() if tag in line]
 
         wait_for(lambda: len(server.requests) >= 4 and len(ours()) == 4, timeout=90)
-        time.sleep(0.5)
+        wait_for(lambda: all(started(container) for container in ours()))  # each container's command runs
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        read_until(proc.stderr, "starting no new task")
         proc.send_signal(signal.SIGINT)
         code, out, err = finish(proc, timeout=60)
         assert code == 130, err
@@ -411,6 +429,7 @@ def test_sigint_twice_leaves_no_container_on_any_node(cluster, work):
 LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|\[?::1\]?|\[?::ffff:127\.\d+\.\d+\.\d+\]?)$")
 
 
+@PRIVATE
 def test_a_private_cluster_stays_on_loopback_and_leaves_nothing_behind(tmp_path):
     """No --ray-address: miniswe starts a cluster of its own. Beside a non-loopback interface that holds the default
     route, it listens on loopback only, sends not one packet through that interface, and removes its temp dir."""
@@ -424,11 +443,13 @@ def test_a_private_cluster_stays_on_loopback_and_leaves_nothing_behind(tmp_path)
         proc = ns.popen(*batch_argv(server, "run", "--executor", "ray", "-w", "3"), cwd=tmp_path, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, text=True)
         listening: list[str] = []
+        temp_dirs: list[Path] = []
 
         def tasks_running() -> bool:
             if len(list((tmp_path / "run").glob("*/workspace/home"))) < 3:
                 return False
             listening.extend(ns.run("ss", "-ltnH").stdout.splitlines())
+            temp_dirs.append(private_temp_dir(ns, before))
             return True
 
         wait_for(tasks_running)
@@ -442,7 +463,7 @@ def test_a_private_cluster_stays_on_loopback_and_leaves_nothing_behind(tmp_path)
         addresses = {line.split()[3].rpartition(":")[0] for line in listening}
         assert len(listening) > 3 and all(LOOPBACK.match(address) for address in addresses), listening
         assert ns.sent_outside() == 0, "a packet left through the non-loopback interface"
-        assert set(Path("/tmp").glob("miniswe-ray-*")) <= before, "the private cluster's temp dir is left"
+        assert not temp_dirs[0].exists(), "the private cluster's temp dir is left"
         assert not (tmp_path / "home" / ".ray").exists(), "Ray wrote into the user's ~/.ray"
     finally:
         if server:
@@ -450,6 +471,7 @@ def test_a_private_cluster_stays_on_loopback_and_leaves_nothing_behind(tmp_path)
         ns.close()
 
 
+@PRIVATE
 def test_a_private_cluster_left_by_a_killed_driver_is_cleared_by_the_next_run(tmp_path):
     """kill -9 of the driver takes its private cluster's core processes with it; what outlives it (Ray's agents,
     the temp dir) is removed when the batch is run again, which finishes it."""
@@ -462,8 +484,7 @@ def test_a_private_cluster_left_by_a_killed_driver_is_cleared_by_the_next_run(tm
         argv = batch_argv(server, "run", "--executor", "ray", "-w", "3", "-q")
         proc = ns.popen(*argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: len(list((tmp_path / "run").glob("*/workspace/.n"))) == 3)
-        temp_dirs = set(Path("/tmp").glob("miniswe-ray-*")) - before
-        assert len(temp_dirs) == 1
+        temp_dirs = {private_temp_dir(ns, before)}
         proc.kill()
         proc.wait()
         outlived = [pid for pid in ns.pids() if pid not in (ns.holder.pid, server.proc.pid)]
@@ -491,6 +512,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def private_temp_dir(ns: LoopbackNamespace, before: set[Path]) -> Path:
+    """The temp dir (always in /tmp) of the private cluster running in `ns`: made since `before`, and named by its
+    processes, as another test run on this machine may be making its own."""
+    cmdlines = b""
+    for pid in ns.pids():
+        with contextlib.suppress(OSError):
+            cmdlines += Path(f"/proc/{pid}/cmdline").read_bytes()
+    (found,) = [path for path in set(Path("/tmp").glob("miniswe-ray-*")) - before if str(path).encode() in cmdlines]
+    return found
+
+
 def cluster_processes(ns: LoopbackNamespace, temp_dir: Path, exclude: set[int]) -> dict[int, bytes]:
     """The namespace's processes but `exclude`: the private cluster's, its agents too (Ray retitles them
     `ray::...`: their command lines name nothing) and its watchdog."""
@@ -501,6 +533,15 @@ def cluster_processes(ns: LoopbackNamespace, temp_dir: Path, exclude: set[int]) 
                 found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()
     assert any(str(temp_dir).encode() in cmdline for cmdline in found.values()), found
     return found
+
+
+def watchdog_notes(temp_dir: Path) -> set[int]:
+    """The pids in the notes a private cluster's watchdog keeps of its processes (none before its first scan)."""
+    try:
+        lines = (temp_dir / MEMBERS).read_text().splitlines()
+    except FileNotFoundError:
+        return set()
+    return {int(line.split()[0]) for line in lines if not line.startswith("scanned ")}
 
 
 # Runs argv as its child and reaps it alone; orphans below it (PR_SET_CHILD_SUBREAPER) stay zombies.
@@ -517,6 +558,7 @@ time.sleep(3600)
 """
 
 
+@PRIVATE
 def test_a_private_cluster_whose_driver_and_watchdog_were_killed_is_cleared_from_another_namespace(tmp_path):
     """kill -9 of the driver and of its watchdog in one user namespace: the next batch, run in another (where
     /proc/PID/fd of the first one's processes cannot be read), kills every process of the first cluster from
@@ -532,15 +574,21 @@ def test_a_private_cluster_whose_driver_and_watchdog_were_killed_is_cleared_from
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         driver = int(read_line(reaper.stdout, 30))
         wait_for(lambda: len(list((tmp_path / "run").glob("*/workspace/.n"))) == 2)
-        (temp_dir,) = set(Path("/tmp").glob("miniswe-ray-*")) - before
-        time.sleep(1.5)  # the watchdog notes the cluster's processes every second
+        temp_dir = private_temp_dir(first, before)
         watchdog = int((temp_dir / "watchdog").read_text().split()[0])
-        ours = cluster_processes(first, temp_dir, {first.holder.pid, servers[0].proc.pid, watchdog, reaper.pid, driver})
-        assert any(cmdline.startswith(b"ray::DashboardAgent") for cmdline in ours.values()), ours
+        exclude = {first.holder.pid, servers[0].proc.pid, watchdog, reaper.pid, driver}
+
+        def noted() -> dict[int, bytes] | None:
+            """The cluster's processes, once its agent runs and the watchdog's notes hold each one still running."""
+            found, notes = cluster_processes(first, temp_dir, exclude), watchdog_notes(temp_dir)
+            agent = any(cmdline.startswith(b"ray::DashboardAgent") for cmdline in found.values())
+            return found if agent and all(pid in notes or not alive(pid) for pid in found) else None
+
+        ours = waiting.wait_for(noted, "the cluster's DashboardAgent and every process of it in the watchdog's notes", 60)
         os.kill(watchdog, signal.SIGKILL)
         os.kill(driver, signal.SIGKILL)
-        wait_for(lambda: not alive(driver))
-        time.sleep(1)
+        # the reaper reaps its own child, the driver: by then it has had its chance to reap the watchdog too
+        wait_for(lambda: not Path(f"/proc/{driver}").exists() and not alive(watchdog))
         assert not alive(watchdog) and Path(f"/proc/{watchdog}").exists(), "the watchdog should be an unreaped zombie"
         assert any(alive(pid) for pid in ours), "nothing outlived the driver: the test shows nothing"
         servers.append(Server(second, tmp_path))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import yaml
-from conftest import act, clean_env, miniswe_cmd
+from conftest import act, clean_env, miniswe_cmd, read_until
 from openai_server import ScriptedServer
 from waiting import wait_for
 
@@ -310,13 +310,12 @@ def test_a_429_pauses_every_worker_together(tmp_path):
     with ScriptedServer([COUNTER] * 8 + [{"status": 429, "retry_after": 1}], default=COUNTER, latency=0.01) as server:
         proc = start_batch(tmp_path, server, "-w", "4")
         wait_for(lambda: server.pending == 0)  # the 429 has been served
-        seen = len(server.requests)
-        time.sleep(0.7)
-        during_pause = len(server.requests) - seen
+        served = time.time()  # the server's clock: it stamps each request with time.time()
         code, out, err = finish(proc)
         assert code == 0, err
         # only calls already on their way when the 429 came back; unpaused, the others would make ~30
-        assert during_pause <= 3, during_pause
+        during_pause = [r for r in server.requests if served < r["received"] <= served + 0.7]
+        assert len(during_pause) <= 3, len(during_pause)
         assert len(server.requests) == 4 * 12 + 1
         records = by_id(run)
         assert {r["exit_status"] for r in records.values()} == {"Submitted"}
@@ -360,7 +359,7 @@ def test_sigint_twice_stops_at_once_and_kills_running_commands(tmp_path):
         wait_for(lambda: len(list(run.glob("*/workspace/pid"))) == 2)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.2)
+        read_until(proc.stderr, "starting no new task")  # the first is taken before the second is sent
         proc.send_signal(signal.SIGINT)
         code, out, err = finish(proc, timeout=20)
         assert code == 130, err
@@ -383,8 +382,8 @@ def test_one_sigint_stops_tasks_waiting_out_a_rate_limit(tmp_path):
     write_tasks(tmp_path / "tasks.yaml", [task(f"t{i}") for i in range(2)])
     with ScriptedServer(default={"status": 429, "retry_after": 30}) as server:
         proc = start_batch(tmp_path, server, "-w", "2")
-        wait_for(lambda: len(server.requests) >= 1)  # the shared pause then holds the other worker back too
-        time.sleep(0.5)
+        # a 429 answered: the shared pause then holds the other worker back too
+        wait_for(lambda: any("answered" in r for r in server.requests))
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code, out, err = finish(proc, timeout=20)
@@ -468,7 +467,7 @@ def test_a_pause_holds_back_callers_already_queued_for_a_slot():
 
     first = threading.Thread(target=call, args=(1.0,))
     first.start()
-    time.sleep(0.02)
+    wait_for(lambda: started)  # the first caller holds the one slot
     waiting = [threading.Thread(target=call) for _ in range(3)]
     for thread in waiting:
         thread.start()

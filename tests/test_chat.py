@@ -50,6 +50,7 @@ def start(terminals, server, home, work, *args, rows=30, cols=100, **env):
 
 
 def say(term, text, *, prompts_before=None):
+    term.wait_reading()  # typed earlier, the keys would meet the terminal's line discipline
     term.type(text)
     term.send("\r")
 
@@ -161,6 +162,7 @@ def test_save_then_load_in_a_new_process_and_replay_the_session(terminals, serve
     say(term, "/save")
     term.wait_for(r"saved as (\d{8}-\d{6}\S*)")
     session_id = re.search(r"saved as (\d{8}-\d{6}\S*)", term.text())[1]
+    term.wait_prompt(PROMPT)
     term.send(b"\x04")
     assert term.wait_exit() == 0
 
@@ -177,6 +179,7 @@ def test_save_then_load_in_a_new_process_and_replay_the_session(terminals, serve
     say(term, "read it back")
     term.wait_for("hello")
     term.wait_for(r"done \(submitted\)")
+    term.wait_prompt(PROMPT)
     term.send(b"\x04")
     assert term.wait_exit() == 0
     sent = server.requests[-2]["body"]["messages"]
@@ -202,6 +205,7 @@ def test_compact_then_go_on_from_the_summary(terminals, server, home, work):
     sent = server.requests[3]["body"]["messages"]
     assert [m["role"] for m in sent] == ["system", "user", "assistant", "user"]
     assert sent[2]["content"] == "We echoed a; nothing else is pending." and "second task" in sent[3]["content"]
+    term.wait_prompt(PROMPT)
     term.send(b"\x04")
     assert term.wait_exit() == 0
     data = autosave(home)
@@ -269,7 +273,7 @@ def test_without_prompt_toolkit_readline_edits_and_says_how_to_get_it(terminals,
     server.push(act("true"), SUBMIT)
     term = start(terminals, server, home, work, "--mode", "yolo", rows=12, cols=40,
                  PYTHONPATH=f"{hidden.parent}{os.pathsep}{clean_env()['PYTHONPATH']}")
-    assert "pip install 'miniswe[chat]'" in term.text()
+    assert "pip install -e '.[chat]' in the miniswe checkout" in term.text()
     words = " ".join(f"w{i:02d}" for i in range(36))
     term.type(words)
     term.pump(0.5)
@@ -353,6 +357,7 @@ def test_escape_sequences_in_replies_and_outputs_are_shown_not_obeyed(terminals,
     term.wait_for(r"done \(submitted\)")
     assert b"\x1b]0;retitled" not in term.raw and b"\x1b]52;" not in term.raw, "no OSC sequence reached the terminal"
     assert "␛]0;retitled␇ look." in term.text() and "x␛]52;c;Y2xpcA==␇y" in term.text()
+    term.wait_prompt(PROMPT)
     term.send(b"\x04")
     assert term.wait_exit() == 0
 

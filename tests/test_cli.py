@@ -277,7 +277,7 @@ def test_help_imports_no_heavy_module():
     code = (
         "import sys\nsys.argv = ['miniswe', '--help']\nfrom miniswe.cli import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print('LOADED', sorted(m for m in ('requests', 'jinja2', 'yaml', 'ray') if m in sys.modules))\n"
+        "print('LOADED', sorted(m for m in ('requests', 'jinja2', 'yaml', 'ray', 'pydantic') if m in sys.modules))\n"
     )
     result = subprocess.run([*miniswe_cmd()[:1], "-c", code], capture_output=True, text=True, env=clean_env(), cwd=ROOT)
     assert "LOADED []" in result.stdout, result.stdout[-300:]
@@ -306,7 +306,7 @@ def test_executor_ray_without_ray_says_how_to_install_it(tmp_path, server):
                              prelude="sys.modules['ray'] = None  # as if it were not installed\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), cwd=tmp_path)
     assert "EXIT 2" in result.stdout, result.stdout + result.stderr
-    assert result.stderr == "miniswe: --executor ray needs Ray, which is not installed here: pip install 'miniswe[ray]'\n"
+    assert result.stderr == "miniswe: --executor ray needs Ray, which is not installed here: pip install -e '.[ray]' in the miniswe checkout\n"
     assert not (tmp_path / "run").exists() and not server.requests
 
 

@@ -23,7 +23,7 @@ from waiting import wait_for
 # test_docker.py holds the gate: importing it skips this module when no engine (or no test image) is reachable,
 # and fails it instead when CI says it started one (MINISWE_REQUIRE_DOCKER=1).
 try:
-    from test_docker import IMAGE, _engine_problem, no_python_image  # noqa: F401  (a fixture)
+    from test_docker import IMAGE, ORPHANS, _engine_problem, no_python_image  # noqa: F401  (a fixture)
 except pytest.skip.Exception as no_engine:
     pytest.skip(no_engine.msg, allow_module_level=True)  # reported as this module's skip
 
@@ -302,6 +302,7 @@ def test_kill_9_of_a_run_removes_its_executor_container(runs, server):
     wait_for(lambda: not host_processes_naming(doomed_container), "the attached client to end", timeout=10)
 
 
+@ORPHANS
 def test_kill_9_leaves_an_orphan_that_cleanup_removes_but_live_runs_are_kept(runs, server, cli, tmp_path, no_python_image):
     # in exec-per-step mode (an image without python3) the container is detached, so kill -9 leaves it behind
     server.push(act("echo first"), act("sleep 32"))

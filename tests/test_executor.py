@@ -16,8 +16,9 @@ import pytest
 
 from miniswe.environments.capture import BoundedBuffer
 from miniswe.environments.executor import BOOT, DROPPED, OUTPUT, Output, frame, parse_frames
-from miniswe.environments.resident import Resident
+from miniswe.environments.executor_client import Resident
 from miniswe.errors import SandboxError
+from waiting import wait_for
 
 SOURCE = Path(__file__).resolve().parents[1] / "miniswe" / "environments" / "executor.py"
 
@@ -158,12 +159,12 @@ def test_output_is_bounded_in_the_executor(executor):
     assert result.output.startswith(full[:5000]) and result.output.endswith(full[-5000:])
 
 
-def test_interrupt_from_another_thread(executor):
+def test_interrupt_from_another_thread(executor, tmp_path):
     run = executor()
     box: dict = {}
-    thread = threading.Thread(target=lambda: box.update(r=run.execute("echo up; sleep 30", timeout=60)))
+    thread = threading.Thread(target=lambda: box.update(r=run.execute("echo up; : > started; sleep 30", timeout=60)))
     thread.start()
-    time.sleep(0.5)
+    wait_for(lambda: (tmp_path / "started").exists(), "the command started")
     run.interrupt()
     thread.join(10)
     assert box["r"].interrupted and box["r"].output == "up\n" and box["r"].returncode is None
@@ -181,7 +182,6 @@ def test_a_missing_cwd_is_named(executor, tmp_path):
 
 def test_the_executor_ends_with_its_lifetime_or_its_host(executor):
     run = executor(lifetime=1)
-    time.sleep(1.5)
     assert run.proc.wait(timeout=10) == 0
     other = executor()
     other.proc.stdin.close()  # the host is gone

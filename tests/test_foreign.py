@@ -8,7 +8,7 @@ import pytest
 
 from miniswe.config import config_from_record
 from miniswe.errors import RecordError, TrajectoryError
-from miniswe.foreign import ConvertedTrajectory, load_any, parse_observation
+from miniswe.mini_swe_agent import ConvertedTrajectory, load_any, parse_observation
 from miniswe.status import ExitStatus
 from miniswe.trajectory import Trajectory
 

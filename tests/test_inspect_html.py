@@ -22,6 +22,9 @@ V2 = str(ROOT / "tests" / "data" / "trajectories" / "v2.json")
 REFERENCE = ROOT / "tests" / "data" / "reference"
 DATA_ELEMENT = re.compile(r'<script type="application/json" id="miniswe-data">(.*?)</script>', re.S)
 
+# the pages and the browser are made once per module and process: on one xdist worker, once
+pytestmark = pytest.mark.xdist_group("inspect-html")
+
 
 def html(source: str, out: str) -> str:
     result = subprocess.run(miniswe_cmd("inspect", source, "--html", out), capture_output=True, text=True,

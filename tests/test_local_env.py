@@ -75,8 +75,7 @@ def test_step_ends_when_shell_exits_even_if_a_background_child_holds_the_pipe(en
     assert time.monotonic() - started < 3
     assert result.output == "started\n" and result.returncode == 0 and not result.timed_out
     pid = int(pidfile.read_text())
-    time.sleep(0.1)
-    assert not alive(pid), "leftover background process was not killed"
+    wait_for(lambda: not alive(pid), "the leftover background process killed", timeout=0.1)
 
 
 def test_flood_is_bounded_in_memory_and_counted(tmp_path):
@@ -137,8 +136,7 @@ def test_interrupt_during_a_command_kills_it(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert read_line(proc.stdout) == "interrupted\n"
     proc.wait(timeout=5)
-    time.sleep(0.1)
-    assert not alive(int(pidfile.read_text()))
+    wait_for(lambda: not alive(int(pidfile.read_text())), "the interrupted command killed", timeout=0.1)
 
 
 def test_an_escaped_process_that_keeps_printing_does_not_hold_the_step(env):
@@ -161,8 +159,9 @@ ESCAPES = {
     "new session": "setsid sleep 300 & echo $! >> {pids}",
     "double fork": "(sleep 300 & echo $! >> {pids}) ",
     "nohup and disown": "nohup sleep 300 >/dev/null 2>&1 & echo $! >> {pids}; disown",
-    "own group from python": "python3 -c 'import os, time; os.setpgid(0, 0); os.fork() or time.sleep(300)' & "
-                             "sleep 0.3; pgrep -f 'time.sleep.300' >> {pids}",
+    # the pids file's path in its argv: pgrep finds this test's python, not another's on the machine
+    "own group from python": "python3 -c 'import os, time; os.setpgid(0, 0); os.fork() or time.sleep(300)' {pids} & "
+                             "sleep 0.3; pgrep -f 'time.sleep.300. {pids}' >> {pids}",
 }
 
 
@@ -214,26 +213,30 @@ def test_a_spawner_killed_from_outside_ends_the_step_as_a_sandbox_failure(env, t
     from miniswe.environments.spawner import children
 
     def kill_the_spawner():
-        time.sleep(0.5)
+        wait_for(lambda: (tmp_path / "started").exists(), "the command started")
         spawners = [pid for pid in children(os.getpid())
                     if "spawner.py" in open(f"/proc/{pid}/cmdline").read()]
         os.kill(spawners[-1], signal.SIGKILL)
 
     threading.Thread(target=kill_the_spawner).start()
     started = time.monotonic()
-    result = env.execute("echo working; sleep 30", timeout=60)
+    result = env.execute("echo working; : > started; sleep 30", timeout=60)
     assert time.monotonic() - started < 5
     assert "spawner" in result.sandbox_error and "killed from outside" in result.sandbox_error
     assert result.output == "working\n" and result.returncode is None
     assert env.execute("echo fresh", timeout=10).output == "fresh\n", "a new spawner serves the next command"
 
 
-def test_interrupt_from_another_thread_returns_the_partial_output(env):
+def test_interrupt_from_another_thread_returns_the_partial_output(env, tmp_path):
     import threading
 
-    threading.Timer(0.5, env.interrupt).start()
+    def interrupt_once_started():
+        wait_for(lambda: (tmp_path / "started").exists(), "the command started")
+        env.interrupt()
+
+    threading.Thread(target=interrupt_once_started).start()
     started = time.monotonic()
-    result = env.execute("echo half; sleep 30; echo never", timeout=60)
+    result = env.execute("echo half; : > started; sleep 30; echo never", timeout=60)
     assert time.monotonic() - started < 5
     assert result.interrupted and result.returncode is None and result.output == "half\n"
     assert env.execute("echo next", timeout=10).output == "next\n", "an interrupt ends only the command it hit"

@@ -199,15 +199,14 @@ def test_resume_refuses_a_run_with_a_verdict_and_an_interrupted_run_goes_on(cli,
 
     (tmp_path / "work2").mkdir()
     endpoint = ["--base-url", server.base_url, "-m", "m"]
-    server.push(act("echo one"), act("sleep 30"), act(f"echo {SUBMIT_MARKER}"))
+    server.push(act("echo one"), act(": > started; sleep 30"), act(f"echo {SUBMIT_MARKER}"))
     proc = subprocess.Popen(miniswe_cmd("run", "t", *endpoint, "--cwd", "work2", "-o", "i.json"), cwd=tmp_path,
                             env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert "--- step 1" in read_line(proc.stderr)
     deadline = time.monotonic() + 20
-    while len(server.requests) < 2:
-        assert time.monotonic() < deadline
+    while not (tmp_path / "work2" / "started").exists():  # the second command runs
+        assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
-    time.sleep(0.3)
     proc.send_signal(2)
     proc.communicate(timeout=20)
     assert json.loads((tmp_path / "i.json").read_text())["exit_status"] == "Interrupted"
