@@ -127,6 +127,13 @@ def finish(proc, timeout=120):
     return proc.returncode, out, err
 
 
+def stop(proc: subprocess.Popen | None) -> None:
+    """A batch a failed test left running: killed, so that it holds none of the cluster's workers in later tests."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
 def wait_for(predicate, timeout=60.0):
     return waiting.wait_for(predicate, timeout=timeout)  # a cluster takes longer than one machine
 
@@ -336,7 +343,7 @@ def test_batch_budget_stops_tasks_on_every_node(cluster, work, server):
 
 def test_sigint_twice_stops_every_node_at_once_and_kills_running_commands(cluster, work):
     sleeper = act('echo "$NODE" >> nodes; echo $$ > pid; sleep 60')
-    server = Server(cluster.ns, work, default=sleeper)
+    server, proc = Server(cluster.ns, work, default=sleeper), None
     try:
         write_tasks(work, [task(f"t{i}") for i in range(6)])
         run = work / "run"
@@ -358,6 +365,7 @@ def test_sigint_twice_stops_every_node_at_once_and_kills_running_commands(cluste
             with pytest.raises(ProcessLookupError):
                 os.kill(int(pid_file.read_text()), 0)
     finally:
+        stop(proc)
         server.stop()
 
 
@@ -401,6 +409,7 @@ def test_sigint_twice_leaves_no_container_on_any_node(cluster, work):
         return subprocess.run(["docker", "exec", container, "test", "-f", "/tmp/started"], capture_output=True,
                               timeout=30).returncode == 0
 
+    proc = None
     try:
         write_tasks(work, [task(f"{tag}-{i}", env={"image": "miniswe-test:latest"}) for i in range(4)])
         run = work / "run"
@@ -423,6 +432,7 @@ def test_sigint_twice_leaves_no_container_on_any_node(cluster, work):
         assert len({trajectory(run, r)["metadata"]["ray_node"] for r in records.values()}) == 2
         assert ours() == [], "a container outlived the stop"
     finally:
+        stop(proc)
         server.stop()
 
 

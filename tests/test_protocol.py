@@ -97,9 +97,9 @@ def test_parsing_is_linear_in_the_reply(case):
     import time
 
     text = SLOW_LINES[case] if isinstance(case, str) else adversarial_reply(case, 1 << 20)
-    started = time.perf_counter()
+    started = time.thread_time()  # the parser's own CPU time, which the tests running beside it do not take
     try:
         parse_command(text)
     except FormatError:
         pass
-    assert time.perf_counter() - started < 1.5
+    assert time.thread_time() - started < 1.5
