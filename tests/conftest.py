@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -37,6 +38,12 @@ def pytest_runtest_setup(item) -> None:
 def server():
     with ScriptedServer() as srv:
         yield srv
+
+
+def missing(module: str, required_by: str) -> bool:
+    """Whether the tests that need `module` should skip: it is not installed, and the variable CI sets to say it
+    is (`required_by`, e.g. MINISWE_REQUIRE_RAY) is not 1, where they must run, and fail without it."""
+    return importlib.util.find_spec(module) is None and os.environ.get(required_by) != "1"
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import read_line, read_until
+from conftest import miniswe_cmd, read_line, read_until
 from raycluster import ROOT, LoopbackNamespace, TwoNodeCluster, descendants, unavailable
 from replies import act
 import waiting
@@ -112,8 +112,8 @@ def write_tasks(folder: Path, tasks: list[dict]) -> None:
 
 
 def batch_argv(server, run_dir, *args):
-    return [sys.executable, "-m", "miniswe", "batch", "tasks.yaml", "-o", run_dir, "--base-url", server.base_url,
-            "-m", "test-model", *args]
+    # with SIGINT's default action back: a suite run from a background job would have the driver ignore the tests' Ctrl-C
+    return miniswe_cmd("batch", "tasks.yaml", "-o", run_dir, "--base-url", server.base_url, "-m", "test-model", *args)
 
 
 def start_batch(cluster, work, server, *args, run_dir="run", address=True):

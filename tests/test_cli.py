@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd, pids_alive
+from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd, missing, pids_alive
 from waiting import wait_for
 
 SENTINEL = "sk-sentinel-9f8e7d6c5b4a"
@@ -310,11 +310,17 @@ def test_executor_ray_without_ray_says_how_to_install_it(tmp_path, server):
     assert not (tmp_path / "run").exists() and not server.requests
 
 
+# --executor ray asks for Ray before it reads the rest
+NEEDS_RAY = pytest.mark.skipif(missing("ray", "MINISWE_REQUIRE_RAY"), reason="ray is not installed (pip install -e '.[ray]')")
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--executor", "dask"], "--executor 'dask': expected threads or ray"),
     (["--ray-address", "127.0.0.1:6379"], "--ray-address needs --executor ray"),
-    (["--executor", "ray", "--ray-resources", "docker"], "--ray-resources 'docker': expected NAME=AMOUNT"),
-    (["--executor", "ray", "--ray-resources", "CPU=-1"], "--ray-resources 'CPU=-1': expected NAME=AMOUNT"),
+    pytest.param(["--executor", "ray", "--ray-resources", "docker"], "--ray-resources 'docker': expected NAME=AMOUNT",
+                 marks=NEEDS_RAY),
+    pytest.param(["--executor", "ray", "--ray-resources", "CPU=-1"], "--ray-resources 'CPU=-1': expected NAME=AMOUNT",
+                 marks=NEEDS_RAY),
 ], ids=["unknown-executor", "address-without-ray", "resource-without-amount", "negative-amount"])
 def test_bad_executor_options_run_nothing(cli, tmp_path, server, args, message):
     (tmp_path / "tasks.yaml").write_text("- {id: a, task: x}\n")
