@@ -68,6 +68,11 @@ def _regex(pattern: str) -> str:
 # The value types of settings, for the built-in kinds' and third parties' alike. Counts and numbers are 0 or more,
 # up to a ceiling past which a value is a typo.
 Count = Annotated[int, Field(ge=0, le=MAX_NUMBER)]
+# What 0 means where it means more than none, for the line that refuses a negative value.
+ZERO_MEANS = {"agent.step_limit": "unlimited", "agent.token_limit": "unlimited", "agent.cost_limit": "unlimited",
+              "agent.time_limit": "unlimited", "agent.max_repeats": "off", "agent.budget_warning": "never",
+              "agent.context_window": "learned from the endpoint's first refusal", "agent.max_depth": "no sub-agents",
+              "environment.timeout": "none", "environment.capture_limit": "keep all of it"}
 Number = Annotated[float, Field(ge=0, le=MAX_NUMBER, allow_inf_nan=False)]
 Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Text = Annotated[str, BeforeValidator(_text)]
@@ -386,7 +391,8 @@ def _explain(problem: dict[str, Any], cls: type[Settings], section: str, kind: s
         return f"{where}: {subject}: expected {_expected(annotation)}, got {_kind(shown)} {shown!r:.60}"
     if error == "greater_than_equal":
         value = float(value) if _bare(annotation) is float else value
-        return f"{where}: {subject}: must be 0 or more (0 means unlimited), got {value}"
+        zero = ZERO_MEANS.get(subject)
+        return f"{where}: {subject}: must be 0 or more{f' (0 = {zero})' if zero else ''}, got {value}"
     if error == "less_than_equal":
         return f"{where}: {subject}: {value:g} is too large (at most {context['le']:g}); use 0 for no limit"
     if error == "too_short" or context.get("pattern") == NONBLANK:

@@ -106,14 +106,20 @@ class Hooks:
             if method is None or failure is not None and not (getattr(hook, "records", False)
                                                               and not name.startswith("before_")):
                 continue
+            where = f"{type(hook).__module__}.{type(hook).__qualname__}.{name}"
             try:
                 method(event)
             except HookError as error:
                 failure = failure or error
             except Exception as error:
-                where = f"{type(hook).__module__}.{type(hook).__qualname__}.{name}"
                 failure = failure or HookError(f"hook {where} raised {type(error).__name__}: {error}")
                 failure.__cause__ = failure.__cause__ or error
+            stop = getattr(event, "stop", None)
+            if stop is not None and not isinstance(stop, Outcome):
+                # checked here, once for every event: the loop can only end on an Outcome
+                event.stop = None
+                failure = failure or HookError(f"hook {where} set stop to {type(stop).__name__} {stop!r:.40}; set it to "
+                                               "an Outcome, e.g. Outcome(ExitStatus.SUBMITTED, 'why')")
         if failure is not None:
             raise failure
         return event

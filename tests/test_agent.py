@@ -126,6 +126,18 @@ def test_a_hook_that_raises_ends_the_run_naming_the_hook(tmp_path):
     assert [step["command"] for step in data["steps"]] == ["true"], "the command ran: its step is on record"
 
 
+@pytest.mark.parametrize("event", ["before_model_call", "after_command"])
+def test_a_hook_that_sets_stop_to_a_string_ends_the_run_naming_the_mistake(tmp_path, event):
+    class Stopping:
+        pass
+
+    setattr(Stopping, event, lambda self, e: setattr(e, "stop", "done"))
+    result, data = run(tmp_path, [act("true"), SUBMIT], hooks=[Stopping()])
+    assert data["exit_status"] == "Error", "the run ends, recorded, instead of crashing with exit_status null"
+    assert data["exit_detail"].rstrip().splitlines()[-1].endswith(
+        f"Stopping.{event} set stop to str 'done'; set it to an Outcome, e.g. Outcome(ExitStatus.SUBMITTED, 'why')")
+
+
 def test_a_bug_keeps_its_traceback(tmp_path):
     result, data = run(tmp_path, [act("true"), SUBMIT], "environment.kind=test_agent:BrokenEnvironment")
     assert data["exit_status"] == "Error" and "RuntimeError: environment bug" in data["exit_detail"]

@@ -43,7 +43,10 @@ def test_key_value_is_read_as_yaml():
         ("agent.step_limit=true", "agent.step_limit: expected a whole number, got a boolean"),
         ("environment.timeout=.nan", "environment.timeout: expected a finite number"),
         ("agent.time_limit=.inf", "agent.time_limit: expected a finite number"),
-        ("agent.cost_limit=-1", "agent.cost_limit: must be 0 or more"),
+        ("agent.cost_limit=-1", "agent.cost_limit: must be 0 or more (0 = unlimited), got -1.0"),
+        # what 0 means is said where it means something, and nothing is claimed where it does not
+        ("agent.max_depth=-1", "agent.max_depth: must be 0 or more (0 = no sub-agents), got -1"),
+        ("agent.keep_turns=-1", "agent.keep_turns: must be 0 or more, got -1"),
         ("environment.kind=dokcer", "environment.kind: unknown environment 'dokcer' (did you mean 'docker'?)"),
         ("model.prices={input: 1}", "model.prices.input: unknown key"),
         ("protocol.action_tags=[]", "protocol.action_tags: must not be empty"),
