@@ -5,12 +5,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import tempfile
-
-# mkstemp creates 0600 files; ours get the mode open() would give them under the user's umask.
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-FILE_MODE = 0o666 & ~_UMASK
+import secrets
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -75,11 +70,10 @@ class SwapFile:
 
 
 def _temporary_copy(path: str, data: str | bytes, *, fsync: bool = False) -> str:
-    """A new hidden file beside `path` holding `data`, with the usual mode; its name."""
+    """A new hidden file beside `path` holding `data`, with the mode open() would give it; its name."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + "-", suffix=".tmp", dir=directory)
+    fd, tmp = _create_beside(directory, os.path.basename(path))
     try:
-        os.fchmod(fd, FILE_MODE)
         _write_all(fd, data.encode("utf-8") if isinstance(data, str) else data)
         if fsync:
             os.fsync(fd)
@@ -89,6 +83,20 @@ def _temporary_copy(path: str, data: str | bytes, *, fsync: bool = False) -> str
         raise
     os.close(fd)
     return tmp
+
+
+def _create_beside(directory: str, name: str) -> tuple[int, str]:
+    """A new, exclusively created file in `directory`: its descriptor and path. Created with 0666 like open()
+    does, so the kernel applies the umask and the folder's default ACL; mkstemp's 0600 would need the umask read
+    back, and os.umask can only read it by setting it, for every thread at once."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}-{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name beside {name} in {directory}; remove its "
+                          f".{name}-*.tmp files")
 
 
 def _unlink(path: str) -> None:
