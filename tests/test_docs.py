@@ -189,3 +189,24 @@ def test_the_readme_exit_codes_agree_with_status():
             else:
                 assert run_exit_code(Outcome(status)) == int(code), f"README: {name} exits {code}"
     assert listed == set(ExitStatus), f"README's exit table misses {sorted(set(ExitStatus) - listed)}"
+
+
+def test_the_architecture_map_names_every_module():
+    """A newcomer starts at docs/architecture.md: a module it does not name is one they cannot find their way to."""
+    text = (DOCS / "architecture.md").read_text(encoding="utf-8")
+    blocks: dict[str, str] = {}  # a package's lines in the map: `models/  openai (...)`, and the lines under it
+    package = ""
+    for line in text.splitlines():
+        found = re.match(r"(\w+)/\s", line)
+        package = found.group(1) if found else package if line.startswith(" ") and package else ""
+        if package:
+            blocks[package] = blocks.get(package, "") + line + "\n"
+    missing = []
+    for path in sorted((ROOT / "miniswe").rglob("*.py")):
+        if path.parent.name == "miniswe":
+            named = path.stem in ("__init__", "__main__") or re.search(rf"(?<![\w.]){path.stem}\.py", text)
+        else:
+            named = re.search(rf"(?<![\w.]){path.stem}(?!\w)", blocks.get(path.parent.name, ""))
+        if not named:
+            missing.append(str(path.relative_to(ROOT)))
+    assert not missing, f"docs/architecture.md does not name: {missing}"
