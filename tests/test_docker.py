@@ -461,7 +461,6 @@ def test_cwd_missing_in_image():
 @pytest.mark.parametrize(
     "run_args, words",
     [
-        (["--bogus-flag"], ["--bogus-flag", "run_args"]),
         (["--memory", "lots"], ["lots", "run_args"]),
         (["stray-positional"], ["stray", "run_args"]),
         (["--ulimit", "nofile=10000000:10000000"], ["ulimit", "hard limit"]),
