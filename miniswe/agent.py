@@ -185,7 +185,9 @@ class Agent:
         if result.sandbox_error or result.interrupted:
             self.hooks("after_command", StepEvent(step, ""))  # recorded; the run ends without telling the model
             if result.sandbox_error:
-                raise SandboxError(result.sandbox_error)
+                error = SandboxError(result.sandbox_error)
+                error.by_agent_command = result.by_agent_command  # type: ignore[attr-defined]  (SandboxDestroyed)
+                raise error
             return self.ctx.stop.outcome or interrupted("SIGINT")
         stopped = self._after(step, lambda: self._observation(step, timeout))
         submitted = self._submitted(step, shell=action.tool in SHELL_TOOLS)
@@ -347,7 +349,8 @@ class Agent:
     def _result(self, step: Step, timeout: float) -> str:
         if step.refused:
             return f"<returncode>refused</returncode>\n<warning>The command did not run: {step.refused}</warning>"
-        view, not_shown = bounded_view(step.output, self.config.agent.output_limit, step.elided_chars)
+        view, not_shown = bounded_view(step.output, self.compactor.view_limit(self.config.agent.output_limit),
+                                         step.elided_chars)
         return self.ctx.renderer.render(
             "observation.j2", output=view, returncode=step.returncode, timed_out=step.timed_out,
             command_timeout=number(round(timeout, 1)), elided_chars=not_shown, output_chars=step.output_chars,

@@ -2,14 +2,20 @@
 
 The agent keeps every message, and so does the trajectory; the model is sent a projection of them. Before a
 call, the prompt's size is estimated from the last call's prompt tokens, scaled by the characters sent since.
-When it would pass the trigger (the window less a reserve of max(15% of it, 16k tokens), at most half of it),
-the projection is compacted to 60% of the trigger:
+When it would pass the trigger (the window less a reserve: room for the longest reply yet plus a tenth of the
+window, and never more than max(15% of it, 16k tokens) or half of it), the projection is compacted to 60% of
+the trigger:
 
-1. older observations are elided, oldest first: each keeps its first line and a note of what was left out;
+1. older turns are elided, oldest first, observations and replies alike: each keeps its first line and a note
+   of what was left out;
 2. if that is not enough, the model summarises the middle of the conversation, and the summary stands in for
-   it from then on: a frozen checkpoint (a later one summarises the earlier summary with what followed).
+   it from then on: a frozen checkpoint (a later one summarises the earlier summary with what followed);
+3. if the newest turns still do not fit (a window learned only after a long output came), observations are
+   clipped to a quarter of the window, head and tail.
 
-The system message, the task and the newest `agent.keep_turns` turns are never cut. The projection is a
+The system message, the task and the newest turn are never cut, nor the newest `agent.keep_turns` turns while
+they fit under the goal; once the window is known, each new observation is sized to a quarter of it, so one
+long output never ends a run. The projection is a
 function of the messages and one checkpoint (an index up to which observations are elided, one up to which
 the summary stands in), so between compactions the prompt only grows at its end and an endpoint's prefix cache
 keeps working; a resumed run goes on from the recorded checkpoint. Each compaction is recorded in the
@@ -30,20 +36,25 @@ from miniswe.models import Model, Reply
 from miniswe.templates import Renderer
 from miniswe.trajectory import Trajectory, now_iso
 
-RESERVE_SHARE, RESERVE_MIN = 0.15, 16_000  # tokens left for the reply and the next observations
+RESERVE_SHARE, RESERVE_MIN = 0.15, 16_000  # the most a reserve needs to be, on a large window
+REPLY_ROOM = 256  # tokens kept for a reply before any reply was seen
+MARGIN = 0.1  # of the window, kept past the reply for estimates that run short
+OBSERVATION_SHARE = 0.25  # of a known window, the most one observation takes
 GOAL = 0.6  # compaction goes down to this share of the trigger, so it happens seldom
 FIRST_RATE = 1 / 3  # tokens per character until an answer reports its prompt tokens (code runs ~3-4)
 OVERFLOW_RETRIES = 3
 OBSERVATIONS = ("user", "tool")
+ELIDED = (*OBSERVATIONS, "assistant")
 
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """Indices are the trajectory's message indices, so a resumed run and a chat session map them back."""
 
-    elided_through: int = -1  # observations up to this message are elided
+    elided_through: int = -1  # observations and replies up to this message are elided
     summary_through: int = -1  # the messages after the task up to this one are replaced by the summary
     summary: str = ""
+    clip: int = 0  # characters: observations longer than this are shown head and tail (0: none are)
 
 
 NOTHING = Checkpoint()
@@ -61,13 +72,14 @@ class Compactor:
         self.keep_turns = max(1, agent_config.keep_turns)
         self.window = agent_config.context_window
         self.rate = 0.0  # tokens per character sent; calibrated by each answer's prompt tokens
+        self.longest_reply = 0  # completion tokens of the longest reply yet: room the next one may need
         self.checkpoint = NOTHING
         self._elided: dict[int, str] = {}  # message index → its elided form, rendered once
         summary = ""
         for entry in trajectory.compactions:  # a resumed run, a loaded session: the same projection as before
             summary = entry.get("summary", summary)
             self.checkpoint = Checkpoint(int(entry.get("elided_through", -1)), int(entry.get("summary_through", -1)),
-                                         summary)
+                                         summary, int(entry.get("clip") or 0))
             if entry.get("window"):
                 self.window = min(self.window or entry["window"], entry["window"])
 
@@ -94,9 +106,18 @@ class Compactor:
         return self.project(messages)
 
     def answered(self, projected: list[dict[str, Any]], reply: Reply) -> None:
-        """A reply to `projected` came: its prompt tokens tell the tokenizer's rate."""
+        """A reply to `projected` came: its prompt tokens tell the tokenizer's rate, its length the reply room."""
         if reply.usage.prompt_tokens > 0:
             self.rate = reply.usage.prompt_tokens / max(1, _chars(projected))
+        self.longest_reply = max(self.longest_reply, reply.usage.completion_tokens)
+
+    def view_limit(self, output_limit: int) -> int:
+        """How many characters of a command's output the model is shown: agent.output_limit, and no more than a
+        quarter of a known window."""
+        if not self.window:
+            return output_limit
+        fits = max(200, int(self.window * OBSERVATION_SHARE / (self.rate or FIRST_RATE)))
+        return min(output_limit, fits) if output_limit > 0 else fits
 
     # -- the projection ------------------------------------------------------------------------------------
     def project(self, messages: Sequence[dict[str, Any]], end: int | None = None) -> list[dict[str, Any]]:
@@ -116,8 +137,10 @@ class Compactor:
                 projected.append({**message, "content": f"{message['content']}\n\n{summary}"})
             elif i >= 2 and summarised and index <= checkpoint.summary_through:
                 continue
-            elif i >= 2 and index <= checkpoint.elided_through and message.get("role") in OBSERVATIONS:
-                projected.append({**message, "content": self._elide(index, message["content"])})
+            elif i >= 2 and index <= checkpoint.elided_through and message.get("role") in ELIDED:
+                projected.append({**message, "content": self._elide(index, message)})
+            elif checkpoint.clip and message.get("role") in OBSERVATIONS and len(message.get("content") or "") > checkpoint.clip:
+                projected.append({**message, "content": _clip(message["content"], checkpoint.clip)})
             else:
                 projected.append(dict(message))
         return projected
@@ -126,7 +149,12 @@ class Compactor:
         return int(_chars(projected) * self.rate)
 
     def trigger(self) -> int:
-        return self.window - min(max(int(self.window * RESERVE_SHARE), RESERVE_MIN), self.window // 2)
+        """The prompt size past which the conversation is compacted: the window less room for the reply."""
+        return self.window - self.reserve()
+
+    def reserve(self) -> int:
+        needed = max(self.longest_reply, REPLY_ROOM) + int(self.window * MARGIN)
+        return min(needed, max(int(self.window * RESERVE_SHARE), RESERVE_MIN), self.window // 2)
 
     # -- compacting ------------------------------------------------------------------------------------------
     def compact(self, messages: Sequence[dict[str, Any]], deadline: float | None, *, why: str) -> bool:
@@ -137,13 +165,17 @@ class Compactor:
         old = self.checkpoint
         for i in range(2, protected):
             index = start + i - 1
-            if index <= max(old.elided_through, old.summary_through) or messages[i].get("role") not in OBSERVATIONS:
+            if index <= max(old.elided_through, old.summary_through) or messages[i].get("role") not in ELIDED:
                 continue
             self.checkpoint = dataclasses.replace(self.checkpoint, elided_through=index)
             if self.estimate(self.project(messages)) <= goal:
                 break
         if protected > 2 and self._summary_pays(messages, protected, goal):
             entry = self._summarise(messages, protected, deadline)
+        if self.estimate(self.project(messages)) > self.trigger():
+            clip = int(self.window * OBSERVATION_SHARE / self.rate)
+            if any(m.get("role") in OBSERVATIONS and len(m.get("content") or "") > clip for m in messages[2:]):
+                self.checkpoint = dataclasses.replace(self.checkpoint, clip=min(clip, self.checkpoint.clip or clip))
         after = self.estimate(self.project(messages))
         if self.checkpoint == old:
             return False
@@ -152,6 +184,7 @@ class Compactor:
             "kind": "summary" if entry else "elide", "window": self.window,
             "tokens_before": before, "tokens_after": after,
             "elided_through": self.checkpoint.elided_through, "summary_through": self.checkpoint.summary_through,
+            **({"clip": self.checkpoint.clip} if self.checkpoint.clip else {}),
             **entry,
         })
         self.trajectory.save()
@@ -174,7 +207,7 @@ class Compactor:
         """A frozen summary of messages[2:protected], made by the model from what it sees of them now."""
         request = self.renderer.render("summarize.j2")
         asked = [*self.project(messages, protected), {"role": "user", "content": request}]
-        if self.estimate(asked) > self.trigger():
+        if self.estimate(asked) > self.window - self.reserve():
             return {}  # the request itself would not fit: what was elided is all there is to do
         summarize = getattr(self.model, "summarize", None)  # the replay model gives back the recorded summary
         try:
@@ -191,12 +224,17 @@ class Compactor:
         return {"summary": summary, "usage": reply.usage.to_dict()}
 
     def _no_fit(self, messages: Sequence[dict[str, Any]], error: ContextLengthError) -> ContextLengthError:
+        fixed, room = self.estimate(messages[:2]), self.window - self.reserve()
         if not any(m.get("role") == "assistant" for m in messages[2:]):
             fix = (f"the system prompt and the task alone exceed the model's context window ({self.window} tokens): "
-                   "shorten the task or use a model (or server setting) with a larger window")
+                   f"they come to about {fixed} tokens, and {room} fit with room for the reply; shorten the task or "
+                   "use a model (or server setting) with a larger window")
         else:
-            fix = (f"the conversation does not fit even compacted (the task and the newest {self.keep_turns} turns "
-                   "are never cut): lower agent.keep_turns or agent.output_limit, or use a larger context window")
+            newest = self.estimate(self.project(messages)[self._protected(messages):])
+            fix = (f"the conversation does not fit even compacted: the system prompt and the task (about {fixed} "
+                   f"tokens) and the newest turn (about {newest}) are more than the {room} tokens of the model's "
+                   f"context window ({self.window} tokens) left with room for the reply; lower agent.output_limit, "
+                   "shorten the task or use a larger window")
         return ContextLengthError(f"{error}; {fix}", window=error.window)
 
     def _learn(self, projected: Sequence[dict[str, Any]], error: ContextLengthError) -> None:
@@ -225,19 +263,30 @@ class Compactor:
         return steps[-1].usage.prompt_tokens / max(1, _chars(self.project(messages, end)))
 
     def _protected(self, messages: Sequence[dict[str, Any]]) -> int:
-        """Where the newest `keep_turns` turns begin (an assistant message): nothing from there on is cut."""
+        """Where the kept turns begin (an assistant message): nothing from there on is elided or summarised. The
+        newest turn always, and the ones before it up to `keep_turns` while they fit under the goal (on a small
+        window, four turns can outweigh the whole prompt)."""
         turns = [i for i in range(2, len(messages)) if messages[i].get("role") == "assistant"]
-        return turns[-self.keep_turns] if len(turns) >= self.keep_turns else 2
+        if not turns:
+            return 2
+        budget = self.trigger() * GOAL - self.estimate(messages[:2]) if self.window else float("inf")
+        kept = turns[-1]
+        for start in reversed(turns[-self.keep_turns:-1]):
+            if self.estimate(messages[start:]) > budget:
+                break
+            kept = start
+        return 2 if kept == turns[0] and len(turns) < self.keep_turns else kept
 
     def _start(self, messages: Sequence[dict[str, Any]]) -> int:
         """The trajectory index of messages[1]: the agent's messages after the first are the trajectory's last
         ones (a chat session's context begins with a system message from before it)."""
         return len(self.trajectory.messages) - len(messages) + 1
 
-    def _elide(self, index: int, content: str) -> str:
+    def _elide(self, index: int, message: dict[str, Any]) -> str:
+        content = message.get("content") or ""
         if index not in self._elided:
             head = content.split("\n", 1)[0][:200]
-            elided = self.renderer.render("elided.j2", head=head, chars=len(content))
+            elided = self.renderer.render("elided.j2", head=head, chars=len(content), role=message["role"])
             self._elided[index] = elided if len(elided) < len(content) else content
         return self._elided[index]
 
@@ -251,3 +300,8 @@ def _chars(messages: Sequence[dict[str, Any]]) -> int:
         if m.get("tool_calls"):
             total += len(str(m["tool_calls"]))
     return total
+
+
+def _clip(content: str, chars: int) -> str:
+    half = chars // 2
+    return f"{content[:half]}\n[... {len(content) - chars} characters clipped to fit the context window ...]\n{content[-half:]}"

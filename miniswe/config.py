@@ -105,7 +105,7 @@ class AgentConfig(Settings):
     budget_warning: Number = 0.1  # observations warn once this share of a limit (steps, tokens, cost, time) is left; 0 = never
     hooks: Strings = []  # hooks loaded by package.module:Class, called at every step (see README)
     context_window: Count = 0  # the model's context window in tokens, for compaction; 0 = learned from the endpoint's first context-length refusal
-    keep_turns: Count = 4  # the newest turns compaction never cuts
+    keep_turns: Count = 4  # the newest turns compaction does not cut while they fit (the newest one always)
     skills_dirs: Strings = []  # folders whose sub-folders are skills (SKILL.md each), listed in the system prompt and read on demand
     max_depth: Count = 0  # how deep sub-agents may nest: a run at this depth cannot delegate; 0 = no sub-agents
 

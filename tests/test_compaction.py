@@ -60,10 +60,12 @@ def test_a_long_run_elides_old_observations_keeps_everything_on_record_and_the_p
 
 
 def test_when_eliding_is_not_enough_a_frozen_summary_stands_in_for_the_middle(cli, tmp_path):
-    long_thought = "THOUGHT: " + "thinking hard about the blocks. " * 120  # ~3,800 characters no elision removes
+    # ~3,800 characters a reply; elided, each reply and observation still leaves a line and a note, and on a
+    # 4000-token window fourteen turns of those no longer fit beside the default prompt and the newest turns
+    long_thought = "THOUGHT: " + "thinking hard about the blocks. " * 120
     replies = [printer(n) if n % 2 else act(f"echo step-{n}", long_thought) for n in range(1, 15)] + [SUBMIT]
-    with ScriptedServer(replies, context_window=WINDOW, rules=[(SUMMARY_REQUEST, SUMMARY)]) as server:
-        result = run(cli, server, "-c", f"agent.context_window={WINDOW}", "-c", "agent.keep_turns=2")
+    with ScriptedServer(replies, context_window=4000, rules=[(SUMMARY_REQUEST, SUMMARY)]) as server:
+        result = run(cli, server, "-c", "agent.context_window=4000", "-c", "agent.keep_turns=2")
         assert result.returncode == 0, result.stderr
         assert server.overflows == 0
         requests = chat_requests(server)
@@ -97,16 +99,18 @@ def test_a_refusal_for_length_teaches_the_window_and_the_call_is_made_again(cli,
 
 
 def test_a_conversation_that_cannot_fit_ends_with_a_clear_model_error(cli, tmp_path):
-    with ScriptedServer([printer(n, 6000) for n in range(1, 6)] + [SUBMIT], context_window=3000) as server:
+    # 900 tokens: the default prompt (~700) and one turn, even with its output clipped, leave no room
+    with ScriptedServer([printer(n, 6000) for n in range(1, 6)] + [SUBMIT], context_window=900) as server:
         result = run(cli, server, "-c", "agent.keep_turns=4")
     data = json.loads((tmp_path / "t.json").read_text())
     assert result.returncode == 3 and data["exit_status"] == "ModelError"
-    assert "does not fit even compacted" in data["exit_detail"] and "agent.keep_turns" in data["exit_detail"]
+    assert "does not fit even compacted: the system prompt and the task (about" in data["exit_detail"]
+    assert "lower agent.output_limit" in data["exit_detail"], "what would make it fit"
     assert len(data["steps"]) >= 1, "the finished steps stay on record"
 
 
 def test_a_forked_run_goes_on_from_the_same_checkpoint(cli, tmp_path):
-    replies = [printer(n) for n in range(1, 13)] + [SUBMIT]
+    replies = [printer(n, 4000) for n in range(1, 13)] + [SUBMIT]
     flags = ("-c", f"agent.context_window={WINDOW}", "-c", "agent.keep_turns=2")
     with ScriptedServer(replies, context_window=WINDOW) as server:
         first = cli("run", "print blocks", "--base-url", server.base_url, "-m", "m", "-o", "t.json",
@@ -200,3 +204,23 @@ def test_when_the_newest_turns_alone_fill_the_goal_a_summary_is_not_asked_for_at
     summaries = [c for c in data["compactions"] if c["kind"] == "summary"]
     assert 1 <= len(summaries) <= 3, "a summary only once the middle it replaces is worth a model call"
     assert len(requests) <= 26 + len(summaries)
+
+
+@pytest.mark.parametrize("window", [2048, 4096])
+@pytest.mark.parametrize("learned", [False, True], ids=["configured", "learned"])
+def test_on_a_small_window_with_the_real_default_prompt_a_run_goes_on_to_its_step_limit(cli, tmp_path, window, learned):
+    # a local server's default window (llama-cpp-python: 2048): the shipped system prompt and the task fit, so
+    # compaction keeps every prompt within it, summarising and eliding replies as well as observations, however
+    # long the run; the newest output of ~5k characters is cut to what the window holds, not a run's end
+    replies = [act(f"echo step-{n}; head -c {5000 if n == 3 else 600} /dev/zero | tr '\\0' o; echo") for n in range(1, 25)]
+    with ScriptedServer(replies, context_window=window, rules=[(SUMMARY_REQUEST, SUMMARY)]) as server:
+        extra = () if learned else ("-c", f"agent.context_window={window}")
+        result = run(cli, server, "--step-limit", "20", *extra)
+        requests = chat_requests(server)
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["exit_status"] == "LimitsExceeded", (data["exit_status"], data["exit_detail"], result.stderr[-500:])
+    summaries = [c for c in data["compactions"] if c["kind"] == "summary"]
+    assert data["compactions"] and (summaries or window > 2048), "on 2048 tokens, a summary was asked for, and it fit"
+    assert len(data["steps"]) + len(summaries) >= 20, "every call the step limit allows was made: no call was lost"
+    assert server.overflows <= (1 if learned else 0), "only learning the window may cost a refusal"
+    assert all(sum(len(m["content"] or "") for m in r["body"]["messages"]) // 4 <= window for r in requests[-5:])
