@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -102,6 +103,14 @@ def test_retry_after_is_honoured(cli, server):
     assert result.returncode == 0
     assert len(server.requests) == 2
     assert time.monotonic() - started >= 1.5, "retried before Retry-After elapsed"
+
+
+def test_backoff_with_its_jitter_never_waits_past_max_backoff(cli, server):
+    server.push(*[{"status": 503}] * 5, SUBMIT)
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.max_backoff=0.3")
+    assert result.returncode == 0, result.stderr
+    waits = [float(w) for w in re.findall(r"retry \d+ of \d+ in ([\d.]+)s", result.stdout + result.stderr)]
+    assert len(waits) == 5 and max(waits) <= 0.3, waits
 
 
 def test_gives_up_after_the_configured_retries(cli, server, tmp_path):

@@ -63,7 +63,7 @@ def call_with_retries(
                 failure = error
         if retries >= settings.retries:
             raise ModelError(scrub(f"{failure} (gave up after {retries + 1} attempts)"))
-        delay = next(delays) * random.uniform(1.0, 1.25)
+        delay = min(next(delays) * random.uniform(1.0, 1.25), settings.max_backoff)  # jitter, within the ceiling
         if failure.retry_after is not None:
             gate.pause(failure.retry_after)
             delay = max(delay, failure.retry_after)
