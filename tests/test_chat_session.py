@@ -75,6 +75,20 @@ def test_limits_count_per_turn_and_the_session_keeps_the_totals(tmp_path):
     assert data["exit_status"] == "Submitted" and data["task"] == "count" and len(data["steps"]) == 5
 
 
+def test_malformed_replies_in_a_row_count_within_a_turn(tmp_path):
+    # a turn that ended on format errors does not leave the next one a single reply before it ends
+    chat = session(tmp_path, ["no block", "no block", "none", "none yet", act("echo fixed"), SUBMIT],
+                   "agent.max_format_errors=3")
+    try:
+        assert chat.turn("try").status is ExitStatus.REPEATED_FORMAT_ERROR
+        second = chat.turn("try again")
+        assert second.status is ExitStatus.SUBMITTED, second.detail
+        told = [m["content"] for m in chat.agent.messages if m["role"] == "user"]
+        assert "2 more malformed replies" in told[-3], "the model was given the format guidance in the new turn"
+    finally:
+        chat.close()
+
+
 def test_policy_confirm_asks_even_in_yolo_and_a_no_is_told_to_the_model(tmp_path):
     chat = session(tmp_path, [act("echo fine"), act("git push --force"), act("git push"), SUBMIT],
                    "policy.confirm=['\\bgit\\s+push\\b']", answers=["n", "not on Fridays", "y"])

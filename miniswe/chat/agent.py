@@ -32,6 +32,7 @@ class ChatAgent(Agent):
         """The turn's limits start counting; a step the last turn left cut short is told; the system message,
         when the conversation has none yet (a session's first turn, or after /clear)."""
         self.limits.begin(self.trajectory.usage)
+        self.format_errors = 0  # malformed replies in a row count within a turn, as the other limits do
         self.trajectory.describe(model=self.model.describe())
         if self.messages:
             self.settle()
