@@ -73,6 +73,7 @@ class Compactor:
         self.window = agent_config.context_window
         self.rate = 0.0  # tokens per character sent; calibrated by each answer's prompt tokens
         self.longest_reply = 0  # completion tokens of the longest reply yet: room the next one may need
+        self.measured = False  # whether the rate comes from an answer's figures, not from a guess
         self.checkpoint = NOTHING
         self._elided: dict[int, str] = {}  # message index → its elided form, rendered once
         summary = ""
@@ -92,6 +93,11 @@ class Compactor:
         if self.window and self.estimate(projected) > self.trigger():
             self.compact(messages, deadline, why="the conversation neared the context window")
             projected = self.project(messages)
+            if self.measured and self.estimate(projected) > self.window:
+                # sent anyway it would only be refused (or, by llama.cpp's servers, answered with an empty stream)
+                raise self._no_fit(messages, ContextLengthError(
+                    f"the prompt would come to about {self.estimate(projected)} tokens, more than the model's "
+                    f"context window ({self.window})", window=self.window))
         return projected
 
     def refused(self, messages: Sequence[dict[str, Any]], projected: list[dict[str, Any]], error: ContextLengthError,
@@ -109,6 +115,7 @@ class Compactor:
         """A reply to `projected` came: its prompt tokens tell the tokenizer's rate, its length the reply room."""
         if reply.usage.prompt_tokens > 0:
             self.rate = reply.usage.prompt_tokens / max(1, _chars(projected))
+            self.measured = True
         self.longest_reply = max(self.longest_reply, reply.usage.completion_tokens)
 
     def view_limit(self, output_limit: int) -> int:

@@ -20,6 +20,7 @@ class Usage:
     total_tokens: int = 0
     cached_tokens: int = 0
     cost: float = 0.0
+    estimated_tokens: int = 0  # of total_tokens, those counted here because the endpoint reported none
 
     def add(self, other: Usage) -> None:
         for key in _KEYS:
@@ -51,6 +52,15 @@ class Usage:
 
 
 _KEYS = tuple(f.name for f in fields(Usage))
+CHARS_PER_TOKEN = 3  # for counting what an endpoint did not: a little over, as a token limit should err
+
+
+def estimated_usage(sent_chars: int, written_chars: int) -> Usage:
+    """One call's usage counted from its characters, for an endpoint that sends none (a stream that ignores
+    stream_options): limits still apply, and the record says the figures are estimates."""
+    prompt, completion = -(-sent_chars // CHARS_PER_TOKEN), -(-written_chars // CHARS_PER_TOKEN)
+    return Usage(model_calls=1, prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 estimated_tokens=prompt + completion)
 
 
 def figure(value: Any) -> float | None:

@@ -40,7 +40,9 @@ deltas of "piece" characters (default 3), the finish reason, a last chunk with u
 A JSON object {"replies": [...], "default": item} is accepted too.
 With a context window (--context-window N) a request whose messages come to more than N tokens (4 characters
 a token, as in the usage reported) is refused with HTTP 400 the way --overflow-style says (openai, llamacpp,
-or plain: no numbers), and no scripted item is used up.
+or plain: no numbers; empty_stream: a streamed request gets a 200 event stream closed without an event, as
+llama-cpp-python answers, a plain one llamacpp's 400), and no scripted item is used up. stream_usage=False:
+streams never carry usage (servers that ignore stream_options).
 Rules (ScriptedServer(rules=[(text, item)])) answer a request whose last message contains `text` with `item`,
 whatever the script's position, also without using up an item: a reply to a request that comes at a point
 the test cannot foresee (a compaction's summary request).
@@ -188,7 +190,15 @@ class _Handler(BaseHTTPRequestHandler):
             scripted._sleep(scripted.latency)
             with scripted._lock:
                 scripted.overflows += 1
-            self._send(400, overflow(scripted.overflow_style, scripted.context_window, prompt_tokens(request)))
+            if scripted.overflow_style == "empty_stream" and request.get("stream"):
+                # llama-cpp-python: a streamed request over the window gets a 200 event stream with no events
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            style = "llamacpp" if scripted.overflow_style == "empty_stream" else scripted.overflow_style
+            self._send(400, overflow(style, scripted.context_window, prompt_tokens(request)))
             return
         item, seq = scripted._next(request)
         spec = item if isinstance(item, dict) else {}
@@ -250,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
                        for i in range(0, len(arguments), piece)]
         events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
         options = request.get("stream_options") if isinstance(request.get("stream_options"), dict) else {}
-        if spec.get("stream_usage", bool(options.get("include_usage"))):
+        if spec.get("stream_usage", scripted.stream_usage and bool(options.get("include_usage"))):
             events.append({**base, "choices": [], "usage": whole["usage"]})
         lines = [f"data: {json.dumps(event)}\n\n".encode() for event in events] + [b"data: [DONE]\n\n"]
         self.send_response(200)
@@ -344,8 +354,9 @@ class ScriptedServer:
     """Serves queued reply items in FIFO order; item formats are listed in ITEM_HELP."""
 
     def __init__(self, replies=None, latency=0.0, default=None, host="127.0.0.1", port=0, requests_log=None,
-                 context_window=0, overflow_style="openai", rules=()):
+                 context_window=0, overflow_style="openai", rules=(), stream_usage=True):
         self.latency = latency
+        self.stream_usage = stream_usage  # False: streams never carry usage, whatever the request asks
         self.rules = list(rules)
         self.context_window = context_window
         self.overflow_style = overflow_style
@@ -456,7 +467,7 @@ def main(argv=None):
     parser.add_argument("--default", help="reply content once the script is exhausted (default: HTTP 500)")
     parser.add_argument("--requests-log", help="append each received request as a JSON line")
     parser.add_argument("--context-window", type=int, default=0, help="refuse prompts over this many tokens")
-    parser.add_argument("--overflow-style", choices=("openai", "llamacpp", "plain"), default="openai")
+    parser.add_argument("--overflow-style", choices=("openai", "llamacpp", "plain", "empty_stream"), default="openai")
     args = parser.parse_args(argv)
 
     script = load_replies(args.script) if args.script else []

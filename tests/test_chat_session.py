@@ -89,6 +89,30 @@ def test_malformed_replies_in_a_row_count_within_a_turn(tmp_path):
         chat.close()
 
 
+def test_compact_works_when_the_conversation_no_longer_fits_with_its_request(tmp_path):
+    # the conversation fills most of the server's window: /compact's request on top of it is refused for its
+    # length, so what /compact sends is compacted first, and the summary is made
+    from openai_server import ScriptedServer
+
+    replies = [act("head -c 3900 /dev/zero | tr '\\0' o"), SUBMIT, "SUMMARY: printed o's, submitted."]
+    with ScriptedServer(replies, context_window=1800) as server:
+        config = load_config(f"model.base_url={server.base_url}", "model.name=m", "model.max_backoff=0.01",
+                             f"environment.cwd={tmp_path}")
+        stop = Stop()
+        chat = ChatSession(config, stop=stop, hooks=[], mode="yolo")
+        try:
+            assert chat.turn("print").status is ExitStatus.SUBMITTED
+            assert server.overflows == 0, "the turn itself fit"
+            turn = chat.turn_usage()
+            assert chat.compact() is None, "compacted, not ended with a context-length error"
+            assert chat.turn_usage() == turn, "/cost's last turn is the task's, not the compaction's"
+            assert chat.trajectory.usage.model_calls == turn.model_calls + 1, "the session's totals have it"
+            assert server.overflows >= 1, "its request on the whole conversation did not fit"
+            assert chat.agent.messages[-1]["content"] == "SUMMARY: printed o's, submitted."
+        finally:
+            chat.close()
+
+
 def test_policy_confirm_asks_even_in_yolo_and_a_no_is_told_to_the_model(tmp_path):
     chat = session(tmp_path, [act("echo fine"), act("git push --force"), act("git push"), SUBMIT],
                    "policy.confirm=['\\bgit\\s+push\\b']", answers=["n", "not on Fridays", "y"])

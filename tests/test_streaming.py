@@ -1,6 +1,7 @@
 """Streamed replies (server-sent events) against the scripted server: the same record as a plain call, deltas
 handed out as they arrive, usage from the last chunk, a stalled stream cut and retried, deadlines and stops."""
 
+import re
 import threading
 import time
 
@@ -40,12 +41,46 @@ def test_a_streamed_reply_is_the_same_record_as_a_plain_one(server):
     assert len(deltas) > 10 and deltas[0][0] == "reasoning"  # piece by piece, reasoning first
 
 
-def test_reasoning_under_the_other_key_and_usage_counted_without_a_last_chunk(server):
+def test_reasoning_under_the_other_key_and_usage_estimated_without_a_last_chunk(server):
+    # a server that ignores stream_options sends no usage: the call is counted from its characters and says so
     item = {"content": "plain words", "reasoning": "hmm", "stream_usage": False}
     server.push(item)
     reply = model(server, "model.stream=true", "model.prices={prompt: 1000000, completion: 1000000}").complete(MESSAGES)
     assert reply.reasoning == "hmm" and reply.content == "plain words" and reply.finish_reason == "stop"
-    assert reply.usage.total_tokens == 0 and reply.usage.cost == 0  # as a plain reply without usage counts it
+    assert reply.usage.completion_tokens == 5  # 14 characters, 3 a token, rounded up
+    assert reply.usage.prompt_tokens > 10 and reply.usage.estimated_tokens == reply.usage.total_tokens
+    assert reply.usage.cost == reply.usage.total_tokens  # priced like reported tokens: $1 a token here
+
+
+def test_a_token_limit_holds_against_a_server_whose_streams_carry_no_usage(tmp_path):
+    from miniswe.runner import run_task
+
+    from openai_server import ScriptedServer
+
+    with ScriptedServer([act(f"echo {n}") for n in range(30)], stream_usage=False) as server:
+        config = load_config(f"model.base_url={server.base_url}", "model.name=m", "model.stream=true",
+                             "agent.token_limit=3000", f"environment.cwd={tmp_path}")
+        result = run_task(config, "count", str(tmp_path / "t.traj.json"))
+    assert result.outcome.status.value == "LimitsExceeded" and "token_limit" in result.outcome.detail
+    assert 3000 <= result.trajectory.usage.total_tokens == result.trajectory.usage.estimated_tokens
+    assert len(result.trajectory.steps) < 30, "the run stopped at its token limit, not at the end of the script"
+
+
+def test_an_empty_stream_is_asked_again_without_streaming_and_learns_the_window(server):
+    # llama-cpp-python answers a streamed prompt over its window with a 200 stream and no events: asked once
+    # without streaming, the server's real refusal is what the caller gets, at once, not after ten retries
+    from miniswe.errors import ContextLengthError
+    from openai_server import ScriptedServer
+
+    with ScriptedServer([ITEM], context_window=3, overflow_style="empty_stream") as small:
+        retries = []
+        started = time.monotonic()
+        with pytest.raises(ContextLengthError) as refused:
+            model(small, "model.stream=true", on_retry=retries.append).complete(MESSAGES)
+        assert time.monotonic() - started < 5
+        assert refused.value.window == 3 and small.overflows == 2
+        assert [r["body"].get("stream") for r in small.requests] == [True, None]
+        assert len(retries) == 1 and "without streaming" in retries[0]
 
 
 def test_a_server_that_ignores_stream_answers_plain_json(server):
@@ -65,6 +100,16 @@ def test_a_stalled_stream_is_cut_after_the_idle_timeout_and_retried(server):
     assert len(retries) == 1 and "the stream sent nothing for 0.5s" in retries[0]
     assert 0.4 < time.monotonic() - started < 10
     assert len(server.requests) == 2
+
+
+def test_the_retry_after_a_call_given_up_on_waits_as_long_as_it_was_given(server):
+    # a local server goes on generating the answer it was cut off from: a retry at once would queue behind it
+    retries = []
+    server.push({**ITEM, "stall_after": 4}, ITEM)
+    model(server, "model.stream=true", "model.stream_idle_timeout=1.5", "model.max_backoff=5",
+          on_retry=retries.append).complete(MESSAGES)
+    waited = float(re.search(r"in ([\d.]+)s", retries[0]).group(1))
+    assert 1.5 <= waited <= 5, retries
 
 
 def test_a_stream_that_hangs_up_midway_is_retried_and_a_final_failure_is_a_model_error(server):

@@ -10,6 +10,7 @@ change what the model is sent next (the context) while the trajectory keeps the 
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,7 +20,7 @@ from miniswe.chat import store
 from miniswe.chat.agent import ChatAgent
 from miniswe.config import Config
 from miniswe.context import RunContext
-from miniswe.errors import UsageError
+from miniswe.errors import ContextLengthError, UsageError
 from miniswe.redaction import masked_config
 from miniswe.runner import agent_class, assemble, close_environment, open_environment
 from miniswe.signals import Stop
@@ -45,6 +46,7 @@ class ChatSession:
         self.config = config
         self.stop = stop
         self.mode = mode
+        self._last_turn: Usage | None = None
         self.notify = notify
         self.trajectory = self._new_trajectory()
         self.claimed = False  # whether this session has taken the autosave file yet (at its first turn)
@@ -92,9 +94,20 @@ class ChatSession:
             raise UsageError("nothing to compact yet")
         request = self.renderer.render("compact.j2", submit_marker=self.config.protocol.submit_marker)
         agent.close_calls()
+        asked = {"role": "user", "content": request}
         try:
-            reply = self.model.complete([*agent.compactor.project(agent.messages), {"role": "user", "content": request}],
-                                        **agent.protocol.request())
+            # /compact is wanted most when the conversation no longer fits: what is sent is compacted first, and
+            # a refusal for length compacts it further, as a step's call would be
+            sent = agent.compactor.prepare(agent.messages, None)
+            for attempt in itertools.count():
+                try:
+                    reply = self.model.complete([*sent, asked], **agent.protocol.request())
+                    break
+                except ContextLengthError as error:
+                    sent = agent.compactor.refused(agent.messages, [*sent, asked], error, attempt, None)
+        except ContextLengthError as error:
+            return outcome_of(ContextLengthError(f"{error}; /clear starts the model afresh (the session keeps the "
+                                                 "history)", window=error.window), self.stop.outcome)
         except BaseException as error:
             return outcome_of(error, self.stop.outcome)
         self._claim()
@@ -121,7 +134,8 @@ class ChatSession:
         return len(self.agent.messages)
 
     def turn_usage(self) -> Usage:
-        return self.trajectory.usage.since(self.agent.limits.baseline)
+        """What the last turn used (the one running, during a turn)."""
+        return self._last_turn or self.trajectory.usage.since(self.agent.limits.baseline)
 
     # -- files ---------------------------------------------------------------------------------------------
     def save(self) -> str:
@@ -195,6 +209,7 @@ class ChatSession:
             self.claimed = True
 
     def _begin(self, kind: str, text: str) -> None:
+        self._last_turn = None
         self._claim()
         trajectory = self.trajectory
         if not trajectory.task:
@@ -210,6 +225,7 @@ class ChatSession:
                              exit_detail=outcome.detail if outcome else None)
         if outcome is not None:
             trajectory.finish(outcome)
+        self._last_turn = trajectory.usage.since(self.agent.limits.baseline)  # a later /compact is not the turn's
         self._summarise()
         trajectory.save()
 

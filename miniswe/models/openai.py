@@ -28,7 +28,7 @@ from miniswe.models.gate import CallGate
 from miniswe.models.pricing import PriceSettings, price
 from miniswe.models.retry import RetrySettings, Transient, call_with_retries, parse_retry_after
 from miniswe.signals import Stop
-from miniswe.usage import call_usage
+from miniswe.usage import call_usage, estimated_usage
 
 RETRY_STATUSES = {408, 409, 425, 429}
 FIXES = {
@@ -37,6 +37,11 @@ FIXES = {
     403: "check that {key} may use this model",
     404: "check --base-url (it usually ends in /v1) and --model",
 }
+
+
+class EmptyStream(Exception):
+    """A 200 event stream that closed without one event: how llama.cpp's servers answer a prompt over their
+    window. Not a passing fault: the call is asked once more without streaming, to learn what the server says."""
 
 
 class OpenAIConfig(PriceSettings, RetrySettings, ModelConfig):
@@ -104,6 +109,14 @@ class OpenAIModel:
         if self.config.stream:  # usage comes in a last chunk only when asked for (OpenAI, vLLM)
             body.update(stream=True, stream_options={"include_usage": True})
         body.update(self.config.params)
+        try:
+            return self._with_retries(body, deadline)
+        except EmptyStream:
+            self.on_retry(f"{self.url} closed the stream without a word; asking once without streaming")
+            plain = {key: value for key, value in body.items() if key not in ("stream", "stream_options")}
+            return self._with_retries(plain, deadline)
+
+    def _with_retries(self, body: dict[str, Any], deadline: float | None) -> Reply:
         return call_with_retries(lambda: self._attempt(body, deadline), settings=self.config, gate=self.gate,
                                  stop=self.stop, deadline=deadline, on_retry=self.on_retry, scrub=self._scrub)
 
@@ -120,7 +133,7 @@ class OpenAIModel:
             debuglog.log("failure", self.url, f"{type(error).__name__}: {self._scrub(str(error))}", call=call)
             raise
         debuglog.log("response", self.url, data, call=call, note=f"after {time.monotonic() - started:.2f}s")
-        reply = self._reply(data)
+        reply = self._reply(data, body)
         reply.latency_s = time.monotonic() - started
         return reply
 
@@ -165,11 +178,12 @@ class OpenAIModel:
                                                                    or isinstance(error, requests.ConnectTimeout))):
                 if not own_deadline and deadline is not None:
                     raise DeadlineReached("time_limit reached during a model call") from None
-                raise Transient(f"{self.url}: no complete answer within {self.config.timeout:g}s") from None
+                raise Transient(f"{self.url}: no complete answer within {self.config.timeout:g}s",
+                                busy_for=self.config.timeout) from None
             if isinstance(error, Transient):
                 raise
             if timed_out:
-                raise Transient(f"{self.url}: the stream sent nothing for {idle:g}s") from None
+                raise Transient(f"{self.url}: the stream sent nothing for {idle:g}s", busy_for=idle) from None
             if isinstance(error, requests.ConnectionError):
                 raise Transient(f"cannot reach {self.url}: {_reason(error)}") from None
             raise Transient(f"{self.url}: the answer was cut off ({type(error).__name__})") from None
@@ -202,10 +216,11 @@ class OpenAIModel:
         content: list[str] = []
         reasoning: list[str] = []
         calls: dict[int, dict[str, Any]] = {}  # tool calls by their index, assembled from their pieces
-        state: dict[str, Any] = {"finish": None, "usage": None, "done": False}
+        state: dict[str, Any] = {"finish": None, "usage": None, "done": False, "events": 0}
         pending: list[str] = []  # the data lines of an event not complete yet
 
         def event(payload: str) -> None:
+            state["events"] += 1
             if payload.strip() == "[DONE]":
                 state["done"] = True
                 return
@@ -269,6 +284,8 @@ class OpenAIModel:
         if self._cut_reason is not None:  # cut off while reading: the watchdog or a stop shut the socket
             raise _cut_off()
         if not state["done"] and state["finish"] is None:
+            if not state["events"]:
+                raise EmptyStream()
             raise Transient(f"{self.url}: the stream ended before the reply was complete")
         message: dict[str, Any] = {"role": "assistant", "content": "".join(content)}
         if reasoning:
@@ -296,7 +313,7 @@ class OpenAIModel:
             except OSError:
                 pass
 
-    def _reply(self, data: dict[str, Any]) -> Reply:
+    def _reply(self, data: dict[str, Any], body: dict[str, Any]) -> Reply:
         choice = data["choices"][0]
         message = choice["message"]
         content = message.get("content") or ""
@@ -309,6 +326,11 @@ class OpenAIModel:
                                     cached, raw.get("cost"), price=lambda u: price(u, self.config.prices))
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
+        if not raw:  # no usage at all (a stream that ignored stream_options): counted, so token limits still hold
+            sent = json.dumps(body.get("messages", []), ensure_ascii=False) + json.dumps(body.get("tools") or [])
+            written = len(content) + len(reasoning if isinstance(reasoning, str) else "") + (len(json.dumps(calls)) if calls else 0)
+            usage = estimated_usage(len(sent), written)
+            usage.cost = price(usage, self.config.prices)
         return Reply(
             content=content,
             reasoning=reasoning if isinstance(reasoning, str) else None,

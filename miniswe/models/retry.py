@@ -26,9 +26,12 @@ class RetrySettings(Settings):
 class Transient(Exception):
     """A failed attempt worth another: the endpoint may answer next time."""
 
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None, busy_for: float = 0.0):
         super().__init__(message)
         self.retry_after = retry_after
+        # a call given up on after this many seconds: the server may go on generating its answer for as long
+        # (llama.cpp does), so the retry waits at least that long rather than queue behind it
+        self.busy_for = busy_for
 
 
 def fibonacci_delays(cap: float) -> Iterator[float]:
@@ -63,7 +66,7 @@ def call_with_retries(
                 failure = error
         if retries >= settings.retries:
             raise ModelError(scrub(f"{failure} (gave up after {retries + 1} attempts)"))
-        delay = min(next(delays) * random.uniform(1.0, 1.25), settings.max_backoff)  # jitter, within the ceiling
+        delay = min(max(next(delays) * random.uniform(1.0, 1.25), failure.busy_for), settings.max_backoff)
         if failure.retry_after is not None:
             gate.pause(failure.retry_after)
             delay = max(delay, failure.retry_after)
