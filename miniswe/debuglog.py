@@ -6,6 +6,8 @@ as everywhere else, long texts are cut, and nothing of it reaches the trajectory
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import json
 import os
@@ -18,6 +20,17 @@ LONG = 2000  # a text longer than this is shown as its head and tail
 _lock = threading.Lock()
 _numbers = itertools.count(1)
 _files: dict[str, TextIO] = {}
+_task: contextvars.ContextVar[str] = contextvars.ContextVar("task", default="")  # which task's calls, in a batch
+
+
+@contextlib.contextmanager
+def task(name: str) -> Any:
+    """Entries written inside name the task (each worker thread runs its own, so each has its own label)."""
+    token = _task.set(name)
+    try:
+        yield
+    finally:
+        _task.reset(token)
 
 
 def enabled() -> bool:
@@ -35,7 +48,8 @@ def log(kind: str, url: str, data: Any, *, call: int = 0, note: str = "") -> int
     # masked before cut: a cut through a secret would leave most of it unrecognisable, and so unmasked
     body = SECRETS.scrub(data) if isinstance(data, str) else json.dumps(_cut(data, SECRETS.scrub), indent=2,
                                                                          ensure_ascii=False, default=str)
-    text = SECRETS.scrub(f"--- miniswe debug {stamp} call {call} {kind} {url}{' ' + note if note else ''}\n{body}\n")
+    label = f" task {_task.get()}" if _task.get() else ""
+    text = SECRETS.scrub(f"--- miniswe debug {stamp}{label} call {call} {kind} {url}{' ' + note if note else ''}\n{body}\n")
     with _lock:
         target = _target()
         try:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from miniswe import debuglog
 from miniswe.agent import Agent
 from miniswe.config import Config
 from miniswe.context import RunContext
@@ -151,39 +152,40 @@ def drive(ctx: RunContext, start: Callable[[Environment, Agent], Outcome], *, ru
     A `Diverged` escaping `start` (a continued run whose environment did not replay the recording) keeps the
     run's previous end."""
     trajectory = ctx.trajectory
-    borrowed = parts.get("environment") is not None
-    env: Environment | None = None
-    resolved = diverged = None
-    try:
-        env, agent = assemble(ctx, run_id=run_id, **parts)
-        outcome = start(env, agent)
-        if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
-            resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
-            trajectory.set_resolved(resolved)
-        elif evaluate and outcome.status is ExitStatus.SUBMITTED:
-            failed = run_commands(ctx, env, evaluate, "evaluation")
-            if failed is None or failed.status is ExitStatus.SETUP_ERROR:
-                resolved = failed is None
+    with debuglog.task(str(trajectory.metadata.get("task_id") or "")):  # a batch's log says whose call it is
+        borrowed = parts.get("environment") is not None
+        env: Environment | None = None
+        resolved = diverged = None
+        try:
+            env, agent = assemble(ctx, run_id=run_id, **parts)
+            outcome = start(env, agent)
+            if evaluate and outcome.status is not ExitStatus.SUBMITTED and is_agent_outcome(outcome.status):
+                resolved = False  # nothing was submitted: whatever the working tree holds is not the agent's answer
                 trajectory.set_resolved(resolved)
-            elif failed.status is ExitStatus.TIME_EXCEEDED:  # the time limit cut evaluation: no verdict
-                outcome = Outcome(failed.status, failed.detail, outcome.submission)
-            else:  # stopped mid-evaluation: no verdict, so the run counts as interrupted
-                outcome = failed
-    except BaseException as error:
-        divergence = getattr(error, "divergence", None)
-        if divergence is not None:  # the run keeps the end it had; one that had none stays without a verdict
-            diverged = divergence
-            outcome = error.previous or Outcome(ExitStatus.INTERRUPTED, f"resume stopped: {divergence}")
-        else:
-            outcome = outcome_of(error, ctx.stop.outcome)
-    finally:
-        if env is not None and not borrowed:
-            close_environment(env, trajectory)
-        if ctx.delegation is not None:
-            ctx.delegation.close()
-    trajectory.finish(outcome)
-    trajectory.save()
-    return RunResult(outcome, trajectory, resolved, diverged)
+            elif evaluate and outcome.status is ExitStatus.SUBMITTED:
+                failed = run_commands(ctx, env, evaluate, "evaluation")
+                if failed is None or failed.status is ExitStatus.SETUP_ERROR:
+                    resolved = failed is None
+                    trajectory.set_resolved(resolved)
+                elif failed.status is ExitStatus.TIME_EXCEEDED:  # the time limit cut evaluation: no verdict
+                    outcome = Outcome(failed.status, failed.detail, outcome.submission)
+                else:  # stopped mid-evaluation: no verdict, so the run counts as interrupted
+                    outcome = failed
+        except BaseException as error:
+            divergence = getattr(error, "divergence", None)
+            if divergence is not None:  # the run keeps the end it had; one that had none stays without a verdict
+                diverged = divergence
+                outcome = error.previous or Outcome(ExitStatus.INTERRUPTED, f"resume stopped: {divergence}")
+            else:
+                outcome = outcome_of(error, ctx.stop.outcome)
+        finally:
+            if env is not None and not borrowed:
+                close_environment(env, trajectory)
+            if ctx.delegation is not None:
+                ctx.delegation.close()
+        trajectory.finish(outcome)
+        trajectory.save()
+        return RunResult(outcome, trajectory, resolved, diverged)
 
 
 def assemble(ctx: RunContext, *, run_id: str, environment: Environment | None = None, model: Model | None = None,

@@ -97,6 +97,16 @@ def test_many_tasks_on_several_workers(tmp_path, counting_server):
     assert result.log.count(" Submitted ") == 12 and "[12/12]" in result.log
 
 
+def test_the_debug_log_of_a_batch_names_each_entrys_task(tmp_path, counting_server, monkeypatch):
+    log = tmp_path / "debug.log"
+    monkeypatch.setenv("MINISWE_DEBUG", str(log))
+    tasks = write_tasks(tmp_path / "tasks.yaml", [task("alpha", 2), task("beta", 2)])
+    assert batch(counting_server, tasks, tmp_path / "run", workers=2).exit_code == 0
+    headers = [line for line in log.read_text().splitlines() if line.startswith("--- miniswe debug")]
+    assert len(headers) == 8, "a request and a response for each of the four calls"
+    assert sum(" task alpha call " in h for h in headers) == 4 and sum(" task beta call " in h for h in headers) == 4
+
+
 BROKEN_PLUGIN = """
 from miniswe.environments.local import LocalEnvironment
 
