@@ -48,6 +48,9 @@ class LedgerRecord:
     attempt: int = 1
     started: str | None = None
     ended: str | None = None
+    # SWE-bench grading (swebench/grading.py): status, resolved, detail, per-test results, wall_s apart from the
+    # agent's, harness version, log path; None when not graded
+    grade: dict[str, Any] | None = None
 
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory, *, task_id: str, relative_path: str, has_eval: bool, model: str,

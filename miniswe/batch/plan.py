@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from miniswe.batch.ledger import LedgerRecord
 from miniswe.batch.tasks import Task, TaskFile, problem_list
 from miniswe.config import Config, override
 from miniswe.errors import ConfigError, TaskFileError
@@ -27,6 +28,8 @@ class Plan:
     trajectory: str  # absolute path of RUN_DIR/<id>/<id>.traj.json
     workspace: str | None  # the default per-task folder miniswe owns (wiped before each attempt); None for a given cwd
     resume: bool = False  # go on with the task's recorded run (it ended without a verdict) instead of starting over
+    grade_timeout: float | None = None  # grade the submitted patch by the SWE-bench harness, its eval this long; None: no
+    regrade: LedgerRecord | None = None  # only grade this kept result: the agent does not run again
     # every secret the batch knows (all tasks'): each trajectory masks them all, not only its own task's
     secrets: Secrets | None = field(default=None, repr=False, compare=False)
 

@@ -40,6 +40,11 @@ class BatchState:
         with self.lock:
             self.running[task_id] = {"started": time.monotonic(), "step": 0}
 
+    def task_grading(self, task_id: str) -> None:
+        with self.lock:
+            if task_id in self.running:
+                self.running[task_id]["grading"] = True
+
     def task_step(self, task_id: str, step: int, tokens: int, cost: float) -> None:
         with self.lock:
             if task_id in self.running:
@@ -68,9 +73,13 @@ class BatchState:
 def task_line(record: LedgerRecord, state: BatchState) -> str:
     width = len(str(state.total))
     resolved = {True: " resolved", False: " unresolved"}.get(record.resolved, "")
+    grade = record.grade or {}
+    if grade.get("status") not in (None, "resolved", "unresolved"):
+        resolved += f" ({grade['status']})"  # why it is not resolved, or why it was not graded
+    graded = f" · graded in {grade.get('wall_s') or 0:.1f}s" if grade else ""
     return (
         f"[{state.done:>{width}}/{state.total}] {record.id} {record.exit_status}{resolved} · "
-        f"{record.steps} steps · {record.tokens:,} tokens · ${record.cost:.4f} · {record.wall_s:.1f}s"
+        f"{record.steps} steps · {record.tokens:,} tokens · ${record.cost:.4f} · {record.wall_s:.1f}s{graded}"
     )
 
 
@@ -150,7 +159,7 @@ class RichProgress:
         table.add_column("elapsed", justify="right")
         now = time.monotonic()
         for task_id, info in running[:MAX_RUNNING_ROWS]:
-            table.add_row(task_id, str(info["step"]), _duration(now - info["started"]))
+            table.add_row(task_id, "grading" if info.get("grading") else str(info["step"]), _duration(now - info["started"]))
         if len(running) > MAX_RUNNING_ROWS:
             table.add_row(f"... {len(running) - MAX_RUNNING_ROWS} more", "", "")
         lines = [Text(head, style="bold"), Text(counts or "no task finished yet", style="dim"), Text(f"{usage} · {speed}", style="dim")]

@@ -46,6 +46,25 @@ def build_report(records: list[LedgerRecord]) -> dict[str, Any]:
             for r in records
             if is_infra_failure(r.exit_status)
         ],
+        "grading": grading_summary(records),
+    }
+
+
+def grading_summary(records: list[LedgerRecord]) -> dict[str, Any] | None:
+    """SWE-bench grading apart from the agent's work: outcomes, the time it took, and every task not resolved
+    for a reason other than its tests (or not graded at all), with that reason. None when nothing was graded."""
+    graded = [r for r in records if r.grade]
+    if not graded:
+        return None
+    return {
+        "graded": len(graded),
+        "by_status": dict(Counter(str(r.grade.get("status")) for r in graded).most_common()),
+        "wall_s": summary([float(r.grade.get("wall_s") or 0) for r in graded]),
+        "total_wall_s": round(sum(float(r.grade.get("wall_s") or 0) for r in graded), 3),
+        "not_by_tests": [{"id": r.id, "status": r.grade.get("status"), "resolved": r.grade.get("resolved"),
+                          "detail": _last_line(r.grade.get("detail"))}
+                         for r in graded if r.grade.get("status") not in ("resolved", "unresolved")],
+        "harness": next((r.grade.get("harness") for r in graded if r.grade.get("harness")), None),
     }
 
 
@@ -78,7 +97,8 @@ def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: di
         return "\n".join(lines + ["No task has finished yet.", ""])
     head = f"**{total} tasks**"
     if report["evaluated"]:
-        head += f" · **resolved {report['resolved']} of {report['evaluated']}** with eval ({report['resolved_rate']:.1%})"
+        how = "graded" if report.get("grading") else "with eval"
+        head += f" · **resolved {report['resolved']} of {report['evaluated']}** {how} ({report['resolved_rate']:.1%})"
     lines += [head, ""]
     if unrun:
         lines += [f"**Incomplete:** {unrun}.", ""]
@@ -102,6 +122,21 @@ def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: di
         for failure in failures:
             detail = (failure["detail"] or "").replace("|", "\\|")[:160]
             lines.append(f"| `{failure['id']}` | {failure['exit_status']} | {detail} |")
+    grading = report.get("grading")
+    if grading:
+        counts = " · ".join(f"{status} {count}" for status, count in grading["by_status"].items())
+        wall = grading["wall_s"]
+        lines += ["", f"## Grading ({grading['graded']} graded by {grading['harness'] or 'the SWE-bench harness'})", "",
+                  f"{counts}. Grading time (apart from the agent's): {grading['total_wall_s']:.1f}s in all, "
+                  f"{wall['mean']:.1f}s mean, {wall['max']:.1f}s max."]
+        if grading["not_by_tests"]:
+            lines += ["", "| task | grade | resolved | reason |", "| --- | --- | --- | --- |"]
+            for item in grading["not_by_tests"]:
+                resolved = {True: "yes", False: "no"}.get(item["resolved"], "not graded")
+                detail = (item["detail"] or "").replace("|", "\\|")[:160]
+                lines.append(f"| `{item['id']}` | {item['status']} | {resolved} | {detail} |")
+        if any(item["resolved"] is None for item in grading["not_by_tests"]):
+            lines += ["", f"Grade the tasks not graded again (their agent results are kept): `miniswe evaluate {run_dir}`"]
     lines.append("")
     if failures or interrupted:
         what = " and ".join(x for x in (f"{len(failures)} failed" if failures else "", f"{interrupted} interrupted" if interrupted else "") if x)

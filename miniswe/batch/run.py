@@ -1,7 +1,8 @@
 """`miniswe batch`: load and check everything, decide what to (re)run, run the pool, write the run's files.
 
 Resume: tasks whose latest record is an agent outcome are kept; the rest (never run, interrupted,
-crashed, infrastructure failures) run again. `--redo failed|all|ID,...` widens that.
+crashed, infrastructure failures) run again. `--redo failed|all|ID,...` widens that. A batch that grades
+SWE-bench tasks also grades kept results that have no grade yet (or whose grading could not happen).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from miniswe.batch.report import build_report, render_markdown
 from miniswe.batch.rundir import REPORT_MD, RunDir, model_identity
 from miniswe.batch.scheduler import Budget, Gates, Scheduler, Shared
 from miniswe.batch.selection import select_tasks
-from miniswe.batch.tasks import TaskFile, load_tasks
+from miniswe.batch.tasks import TaskFile, load_task_list
 from miniswe.batch.threads import ThreadExecutor
 from miniswe.batch.worker import recovered
 from miniswe.config import Config
@@ -59,6 +60,9 @@ class BatchOptions:
     ray_address: str | None = None  # None: a private local cluster
     ray_resources: str | None = None  # what each task asks of a node, e.g. docker=1
     command: str = ""  # the command line that reruns this batch, for the report
+    split: str = "test"  # the split of a dataset given by name
+    grade: bool | None = None  # grade SWE-bench submissions by the official harness; None: when it is installed
+    grade_timeout: float = 1800.0  # seconds for one instance's eval script (the harness's default)
 
 
 @dataclass
@@ -72,9 +76,11 @@ class BatchResult:
     not_started: list[str] = field(default_factory=list)
 
 
-def default_run_dir(tasks_path: str, shard: str | None = None) -> str:
-    stem = re.sub(r"\.(jsonl|json|ya?ml)$", "", os.path.basename(tasks_path), flags=re.IGNORECASE)
+def default_run_dir(tasks_path: str, shard: str | None = None, split: str = "test") -> str:
+    stem = re.sub(r"\.(jsonl|json|ya?ml|parquet)$", "", os.path.basename(tasks_path.rstrip("/")), flags=re.IGNORECASE)
     suffix = "-shard" + shard.replace("/", "of") if shard else ""  # shards on one host must not share a directory
+    if split != "test":  # a dataset's other split is another batch
+        suffix = f"-{split}{suffix}"
     return os.path.join("trajectories", (stem or "batch") + suffix)
 
 
@@ -83,13 +89,23 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
     if options.workers < 1:
         raise UsageError(f"--workers {options.workers}: must be 1 or more")
     resources = check_executor(options)
-    task_file = load_tasks(options.tasks)
+    task_file = load_task_list(options.tasks, options.split)
     selected = select_tasks(task_file.tasks, filter=options.filter, slice=options.slice, shuffle=options.shuffle,
                             seed=options.seed, shard=options.shard)
     if not selected:
         raise UsageError(f"{options.tasks}: no task selected by --filter/--slice/--shard (the file has {len(task_file.tasks)})")
-    run_dir = RunDir(options.run_dir or default_run_dir(options.tasks, options.shard))
-    plans = plan_tasks(task_file, selected, config, run_dir.path)
+    notices: list[str] = []
+    if all(task.swebench for task in selected):
+        from miniswe.swebench.datasets import with_benchmark
+
+        config = with_benchmark(config)  # each instance in its own image at /testbed, unless configured otherwise
+        if config.environment.kind == "local":
+            notices.append("SWE-bench instances run on this machine (environment.kind local), not in their images; "
+                           "-c the shipped config/swebench.yaml to run each in its own image at /testbed")
+    grade_timeout = grading(options, selected, notices)
+    run_dir = RunDir(options.run_dir or default_run_dir(options.tasks, options.shard, options.split))
+    plans = [dataclasses.replace(plan, grade_timeout=grade_timeout)
+             for plan in plan_tasks(task_file, selected, config, run_dir.path)]
     secrets = Secrets()
     for plan in plans:
         secrets.update(run_secrets(plan.config))
@@ -120,13 +136,19 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         previous = run_dir.read_run()
         identity = model_identity(config)
         if previous and not options.force:
-            run_dir.check_same(previous, task_file.sha256, os.path.abspath(options.tasks), identity)
+            run_dir.check_same(previous, task_file.sha256, task_file.source, identity)
         ledger = Ledger(run_dir.path, redact=secrets.scrub)
         redo = redo_ids(options.redo, [p.id for p in plans], ledger.records)
         for plan in plans:  # a verdict whose ledger line a kill -9 lost is taken back from its trajectory
             if plan.id not in ledger.records and plan.id not in redo and (record := recovered(plan)):
                 ledger.append(record)
         todo = [p for p in plans if p.id in redo or not _kept(ledger.records.get(p.id))]
+        if grade_timeout is not None:  # kept results without a grade: only graded, the agent does not run again
+            from miniswe.swebench.grading import needs_grade
+
+            running = {p.id for p in todo}
+            todo += [dataclasses.replace(p, regrade=ledger.records[p.id]) for p in plans
+                     if p.id not in running and needs_grade(ledger.records[p.id])]
         todo_ids = {p.id for p in todo}
         kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]
         if options.executor == "ray" and cluster is None and todo:  # the ledger changed since the look above
@@ -136,7 +158,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         run = run_dir.start_run(previous, _run_info(task_file, options, config, identity, len(selected)))
         ledger.compact()
         run_dir.write_preds(ledger.snapshot())
-        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster)
+        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster, notices)
     finally:
         if cluster is not None:
             cluster.close()
@@ -166,7 +188,28 @@ def check_executor(options: BatchOptions) -> dict[str, float]:
     return parse_resources(options.ray_resources)
 
 
-def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster) -> BatchResult:
+def grading(options: BatchOptions, tasks: list, notices: list[str]) -> float | None:
+    """The eval timeout when this batch grades its submissions, else None. Asked for (--grade), it must be possible;
+    by default SWE-bench lists are graded when the harness is installed, with a notice saying why not otherwise."""
+    if options.grade is False or (options.grade is None and not all(task.swebench for task in tasks)):
+        return None
+    if options.grade_timeout <= 0:
+        raise UsageError(f"--grade-timeout {options.grade_timeout:g}: must be a positive number of seconds")
+    from miniswe.swebench.grading import check_grading
+
+    try:
+        problem = check_grading(tasks)
+    except UsageError as error:  # the harness is not installed
+        problem = str(error)
+    if problem and options.grade:
+        raise UsageError(f"--grade: {problem}")
+    if problem:
+        notices.append(f"not grading: {problem}")
+        return None
+    return options.grade_timeout
+
+
+def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster, notices=()) -> BatchResult:
     """Run the scheduler over the executor, then write preds.json, report.md and run.json's end."""
     state = BatchState(len(plans), kept)
     progress = make_progress(options.quiet, stream)
@@ -179,10 +222,14 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
     else:
         executor, where = ThreadExecutor(workers), ""
     if not options.quiet:
+        regrades = sum(1 for plan in todo if plan.regrade is not None)
+        grading_only = f" ({regrades} only to grade)" if regrades else ""
         progress.notice(
-            f"miniswe batch: {len(plans)} tasks, {len(kept)} already done, {len(todo)} to run with "
+            f"miniswe batch: {len(plans)} tasks, {len(kept)} already done, {len(todo)} to run{grading_only} with "
             f"{workers} worker(s){where} → {run_dir.path}"
         )
+    for notice in notices:
+        progress.notice(f"miniswe: {notice}")
     budget = Budget(options.batch_cost_limit, options.batch_token_limit)
     shared = Shared(Stop(), Gates(options.max_concurrent_calls), renderers)
     scheduler = Scheduler(ledger=ledger, state=state, progress=progress, budget=budget, shared=shared,
@@ -288,7 +335,8 @@ def redo_ids(redo: str | None, ids: list[str], records: dict[str, LedgerRecord])
 
 def _run_info(task_file: TaskFile, options: BatchOptions, config: Config, identity: dict[str, str], selected: int) -> dict[str, Any]:
     return {
-        "task_file": {"path": os.path.abspath(task_file.path), "sha256": task_file.sha256, "tasks": len(task_file.tasks)},
+        "task_file": {"path": task_file.source, "sha256": task_file.sha256, "tasks": len(task_file.tasks),
+                      **({"dataset": task_file.dataset, "split": task_file.split} if task_file.dataset else {})},
         "model": identity,
         "config": masked_config(config.to_dict()),
         "command": options.command,
@@ -298,6 +346,7 @@ def _run_info(task_file: TaskFile, options: BatchOptions, config: Config, identi
             "seed": options.seed, "shard": options.shard, "redo": options.redo, "force": options.force,
             "max_concurrent_calls": options.max_concurrent_calls, "batch_cost_limit": options.batch_cost_limit,
             "batch_token_limit": options.batch_token_limit, "executor": options.executor,
-            "ray_address": options.ray_address, "ray_resources": options.ray_resources,
+            "ray_address": options.ray_address, "ray_resources": options.ray_resources, "split": options.split,
+            "grade": options.grade, "grade_timeout": options.grade_timeout,
         },
     }

@@ -23,6 +23,7 @@ from miniswe.batch.worker import (
     Event,
     StepFinished,
     TaskFinished,
+    TaskGrading,
     TaskStarted,
     unfinished_record,
 )
@@ -140,7 +141,9 @@ class Scheduler:
                 while pending or in_flight:
                     while pending and len(in_flight) < executor.capacity and self.stop.outcome is None:
                         plan = pending.popleft()
-                        if plan.id not in self.redo and resumable(plan.trajectory):
+                        if plan.regrade is not None:  # only grading: the recorded run and its attempt stay
+                            attempt = plan.regrade.attempt
+                        elif plan.id not in self.redo and resumable(plan.trajectory):
                             plan, attempt = dataclasses.replace(plan, resume=True), self._attempt_of(plan)
                         else:
                             attempt = self._set_aside(plan)
@@ -172,6 +175,8 @@ class Scheduler:
             reason = self.budget.reached()
             if reason and self.stop.outcome is None:
                 self.stop.request(Outcome(ExitStatus.LIMITS_EXCEEDED, reason))
+        elif isinstance(event, TaskGrading):
+            self.state.task_grading(event.task_id)
         elif isinstance(event, TaskFinished):
             in_flight.pop(event.record.id, None)
             self._record(event.record)

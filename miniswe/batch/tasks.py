@@ -1,6 +1,8 @@
-"""Task files: YAML, JSON or JSONL lists of tasks (or SWE-bench instances), validated whole before anything runs.
+"""Task files: YAML, JSON or JSONL lists of tasks (or SWE-bench instances, also as Parquet or a dataset name),
+validated whole before anything runs.
 
-Every problem is reported with its place (line for YAML/JSONL, index for JSON), the field and the fix.
+Every problem is reported with its place (line for YAML/JSONL, index for JSON and Parquet, row for a dataset),
+the field and the fix.
 """
 
 from __future__ import annotations
@@ -42,13 +44,33 @@ class Task:
 
 @dataclass(frozen=True)
 class TaskFile:
-    path: str
+    path: str  # the file, or the dataset name as given
     sha256: str
     tasks: list[Task]
+    dataset: str = ""  # the dataset's id when the list was loaded by name (or from a dataset folder)
+    split: str = ""
 
     @property
     def directory(self) -> str:
         return os.path.dirname(os.path.abspath(self.path))
+
+    @property
+    def source(self) -> str:
+        """What run.json records to load the list again: the file's absolute path, or the dataset name."""
+        return self.path if self.dataset else os.path.abspath(self.path)
+
+
+def load_task_list(spec: str, split: str = "test") -> TaskFile:
+    """A task file, or a dataset by name (`verified`, a Hugging Face id) or folder, with `split` for datasets."""
+    from miniswe.swebench.datasets import dataset_name
+
+    if dataset_name(spec) is None:
+        return load_tasks(spec)
+    from miniswe.swebench.datasets import load_dataset_rows
+
+    name, rows, digest = load_dataset_rows(spec, split)
+    task_file = tasks_of(spec, [(f"row {i}", row) for i, row in enumerate(rows)], digest)
+    return TaskFile(task_file.path, task_file.sha256, task_file.tasks, dataset=name, split=split)
 
 
 def load_tasks(path: str) -> TaskFile:
@@ -58,8 +80,18 @@ def load_tasks(path: str) -> TaskFile:
             raw = handle.read()
     except OSError as error:
         raise TaskFileError(f"{path}: cannot read task file: {error.strerror}") from None
-    text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff")  # editors on Windows add a BOM
-    entries = _parse(path, text)
+    if path.lower().endswith(".parquet"):
+        from miniswe.swebench.datasets import read_parquet
+
+        entries = [(f"index {i}", row) for i, row in enumerate(read_parquet(path))]
+    else:
+        text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff")  # editors on Windows add a BOM
+        entries = _parse(path, text)
+    return tasks_of(path, entries, hashlib.sha256(raw).hexdigest())
+
+
+def tasks_of(path: str, entries: list[tuple[str, Any]], sha256: str) -> TaskFile:
+    """Validate parsed entries, each with where it sits; TaskFileError lists every problem found (up to ten)."""
     tasks: list[Task] = []
     problems: list[str] = []
     seen: dict[str, str] = {}
@@ -78,7 +110,7 @@ def load_tasks(path: str) -> TaskFile:
         problems.append("no tasks: the file holds an empty list")
     if problems:
         raise TaskFileError(problem_list(path, "problems in the task file", problems))
-    return TaskFile(path, hashlib.sha256(raw).hexdigest(), tasks)
+    return TaskFile(path, sha256, tasks)
 
 
 def problem_list(path: str, what: str, problems: list[str]) -> str:
@@ -186,13 +218,18 @@ def _task(where: str, entry: Any) -> Task:
     if not isinstance(cwd, str):
         raise _Problem(f"cwd: expected a path, got {type(cwd).__name__}")
     metadata = dict(entry.get("metadata") or {})
+    fields = dict(entry)
     if swebench:
         metadata.setdefault("swebench", {k: entry[k] for k in SWEBENCH_METADATA if k in entry})
+        if not fields.get("image"):  # rows from before the datasets named their image: the harness's own name
+            from miniswe.swebench.datasets import default_image
+
+            fields["image"] = default_image(task_id)
     return Task(
         id=task_id, text=text, where=where, cwd=cwd,
         setup=_commands("setup", entry.get("setup")), evaluate=_commands("eval", entry.get("eval")),
         env=dict(entry.get("env") or {}), config=dict(entry.get("config") or {}), metadata=metadata,
-        fields=dict(entry), swebench=swebench,
+        fields=fields, swebench=swebench,
     )
 
 

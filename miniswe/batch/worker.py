@@ -41,11 +41,16 @@ class StepFinished:
 
 
 @dataclass(frozen=True)
+class TaskGrading:
+    task_id: str
+
+
+@dataclass(frozen=True)
 class TaskFinished:
     record: LedgerRecord
 
 
-Event = TaskStarted | StepFinished | TaskFinished
+Event = TaskStarted | StepFinished | TaskGrading | TaskFinished
 
 
 @dataclass
@@ -85,7 +90,37 @@ def unfinished_record(plan: Plan, attempt: int, outcome: Outcome) -> LedgerRecor
 
 
 def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:
-    """Run one planned task to its ledger record; whatever goes wrong, a record comes back."""
+    """Run one planned task to its ledger record, then grade it when the plan says so; whatever goes wrong, a
+    record comes back. Grading takes this worker's slot, so its container counts against the batch's limits."""
+    if plan.regrade is not None:
+        services.emit(TaskStarted(plan.id))
+        return graded(plan, plan.regrade, services)
+    record = _run_agent(plan, attempt, services)
+    return graded(plan, record, services) if plan.grade_timeout is not None else record
+
+
+def graded(plan: Plan, record: LedgerRecord, services: WorkerServices) -> LedgerRecord:
+    """`record` with the SWE-bench grade of its submission (tasks that ended without an agent outcome are not
+    graded: they run again). A grading bug becomes the grade's `error` status, never a lost record."""
+    from miniswe.status import is_agent_outcome
+
+    if not is_agent_outcome(record.exit_status):
+        return record
+    services.emit(TaskGrading(plan.id))
+    from miniswe.swebench.grading import GRADE_DIR, grade_patch
+
+    folder = os.path.join(os.path.dirname(plan.trajectory), GRADE_DIR)
+    try:
+        grade = grade_patch(plan.task.fields, record.submission, plan.config.environment, folder=folder,
+                            run_id=f"{new_run_id()}-{plan.id}-grade", timeout=plan.grade_timeout or 0,
+                            model=record.model or "miniswe", stop=services.stop)
+    except Exception as error:  # noqa: BLE001 - the agent's result must still be recorded
+        grade = {"status": "error", "resolved": None, "detail": f"grading failed: {type(error).__name__}: {error}"[-DETAIL_CHARS:],
+                 "tests": None, "wall_s": 0.0}
+    return record.replace(resolved=grade["resolved"], has_eval=True, grade=grade)
+
+
+def _run_agent(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:
     started, clock = now(), time.monotonic()
 
     def record(trajectory) -> LedgerRecord:

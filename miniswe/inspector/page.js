@@ -96,6 +96,7 @@
       ["model", h.model || "—"],
       ["exit", (h.exit_status || "unfinished") + (h.exit_detail ? " · " + firstLine(h.exit_detail.trim().split("\n").pop(), 300) : ""), statusClass(h.exit_status)],
       h.resolved === null || h.resolved === undefined ? null : ["resolved", resolvedText(h.resolved), h.resolved ? "s-ok" : "s-bad"],
+      h.grade ? ["grade", gradeText(h.grade), h.grade.resolved === true ? "s-ok" : h.grade.resolved === false ? "s-bad" : "s-warn"] : null,
       ["steps", counts.join(" · ")],
       ["tokens", (u.total_tokens === null ? "not recorded" : int(u.total_tokens) + " (prompt " + int(u.prompt_tokens) + " · completion " + int(u.completion_tokens) + ")") + " · " + plural(u.model_calls, "model call")],
       ["cost", u.cost === null || u.cost === undefined ? "not recorded" : money(u.cost)],
@@ -111,6 +112,7 @@
     })).concat(h.notes.map(function (n) { return ["note", n, "note"]; }))));
     if (String(h.task).indexOf("\n") >= 0 || String(h.task).length > 300) root.appendChild(details("Task", el("pre", null, h.task)));
     if (h.exit_detail && h.exit_detail.trim().indexOf("\n") >= 0) root.appendChild(details("Exit detail", el("pre", null, h.exit_detail)));
+    if (h.grade && h.grade.tests) root.appendChild(testsBlock(h.grade.tests));
     if (h.submission !== null && h.submission !== undefined) {
       root.appendChild(details("Submission (" + int(h.submission.length) + " characters)", el("pre", { class: "submission" }, h.submission || "(empty)"), true));
     }
@@ -298,6 +300,26 @@
     return root;
   }
 
+  // -- SWE-bench grading: its status and reason, and each FAIL_TO_PASS / PASS_TO_PASS test, failed ones first ------
+  function gradeText(g) {
+    var detail = g.detail ? String(g.detail).trim().split("\n").pop() : "";
+    return [g.status, firstLine(detail, 300), "graded in " + secs(g.wall_s || 0), g.harness || ""].filter(Boolean).join(" · ");
+  }
+
+  function testsBlock(tests) {
+    var body = el("div", null), summary = [];
+    ["FAIL_TO_PASS", "PASS_TO_PASS"].forEach(function (key) {
+      var t = tests[key]; if (!t) return;
+      var ok = t.success || [], bad = t.failure || [], list = el("ul", { class: "tests" });
+      summary.push(key + " " + ok.length + "/" + (ok.length + bad.length));
+      bad.forEach(function (name) { list.appendChild(el("li", { class: "s-bad" }, "✗ " + name)); });
+      ok.forEach(function (name) { list.appendChild(el("li", { class: "s-ok" }, "✓ " + name)); });
+      body.appendChild(el("h3", null, key + " (" + ok.length + " passed, " + bad.length + " failed)"));
+      body.appendChild(list);
+    });
+    return details("Tests (" + summary.join(" · ") + ")", body, true);
+  }
+
   function card(n, label) { return el("div", { class: "card" }, el("div", { class: "n" }, n), el("div", { class: "l" }, label)); }
 
   function taskRow(r) {
@@ -305,7 +327,8 @@
     return el("tr", { "data-id": r.id, onclick: function (event) { if (event.target.tagName !== "A") location.hash = href; } },
       el("td", null, el("a", { href: href }, r.id)),
       el("td", { class: statusClass(r.exit_status) }, r.exit_status),
-      el("td", { class: r.resolved === true ? "s-ok" : r.resolved === false ? "s-bad" : "muted" }, resolvedText(r.resolved)),
+      el("td", { class: r.resolved === true ? "s-ok" : r.resolved === false ? "s-bad" : "muted", title: r.grade ? gradeText(r.grade) : "" },
+        resolvedText(r.resolved) + (r.grade && r.grade.status !== "resolved" && r.grade.status !== "unresolved" ? " (" + r.grade.status + ")" : "")),
       el("td", { class: "num" }, int(r.steps)), el("td", { class: "num" }, int(r.tokens)),
       el("td", { class: "num" }, money(r.cost)), el("td", { class: "num" }, secs(r.wall_s)),
       el("td", { class: "detail", title: r.exit_detail || "" }, r.exit_detail || ""));

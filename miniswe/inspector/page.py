@@ -75,6 +75,8 @@ def batch_page(run_dir: str) -> str:
             continue
         try:
             runs[row["id"]] = run_data(load_any(path))
+            if row.get("grade") is not None:  # the ledger's grade is the batch's word on it
+                runs[row["id"]]["header"]["grade"] = row["grade"]
         except Exception as error:  # noqa: BLE001 - one unreadable file must not lose the page of the others
             runs[row["id"]] = {"error": f"{row['trajectory']}: {error}"}
     return render(f"miniswe batch · {os.path.basename(view['path'])}", {"kind": "batch", "batch": view, "runs": runs})

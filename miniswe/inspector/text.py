@@ -88,6 +88,12 @@ def header_rows(header: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("task", first_lines(header["task"], 3)), ("model", header["model"] or "—"), ("exit", exit_line)]
     if header["resolved"] is not None:
         rows.append(("resolved", "yes" if header["resolved"] else "no"))
+    grade = header.get("grade")
+    if grade:
+        rows.append(("grade", grade_line(grade)))
+        for key, tests in (grade.get("tests") or {}).items():
+            if tests.get("failure"):
+                rows.append((f"{key} failed", first_lines("\n".join(tests["failure"]), 10)))
     rows += [("steps", " · ".join(counts)), ("tokens", tokens), ("cost", "not recorded" if usage["cost"] is None else money(usage["cost"])), ("wall time", wall),
              ("config", " · ".join(f"{k}={v}" for k, v in header["config"].items()) or "—"),
              ("file", f"{header['path']} ({header['source']})")]
@@ -179,12 +185,33 @@ def plain_table(rows: list[list[str]], right: set[int]) -> str:
 
 
 RUN_HEAD = ["id", "exit status", "resolved", "steps", "tokens", "cost", "wall"]
+GRADED_HEAD = ["grading", "tests"]  # after RUN_HEAD when the run was graded
 
 
-def run_cells(row: dict[str, Any]) -> list[str]:
+def grade_line(grade: dict[str, Any]) -> str:
+    """A SWE-bench grade in one line: status, why, and the grading's own time."""
+    detail = (grade.get("detail") or "").strip().splitlines()
+    return " · ".join(x for x in (str(grade.get("status")), detail[-1][:200] if detail else "",
+                                  f"graded in {seconds(grade.get('wall_s') or 0)}", grade.get("harness") or "") if x)
+
+
+def run_cells(row: dict[str, Any], graded: bool = False) -> list[str]:
+    from miniswe.inspector.views import test_counts
+
     resolved = {True: "yes", False: "no", None: "—"}[row["resolved"]]
-    return [visible(row["id"]), visible(row["exit_status"]), resolved, str(row["steps"]), f"{row['tokens']:,}", money(row["cost"]),
-            seconds(row["wall_s"])]
+    grade = row.get("grade") or {}
+    if grade.get("status") not in (None, "resolved", "unresolved"):
+        resolved += f" ({grade['status']})"  # the reason, or why it was not graded
+    cells = [visible(row["id"]), visible(row["exit_status"]), resolved, str(row["steps"]), f"{row['tokens']:,}", money(row["cost"]),
+             seconds(row["wall_s"])]
+    if graded:
+        cells += [seconds(grade["wall_s"]) if grade else "—", test_counts(grade) or "—"]
+    return cells
+
+
+def run_table(view: dict[str, Any]) -> list[list[str]]:
+    graded = any(row.get("grade") for row in view["rows"])
+    return [RUN_HEAD + (GRADED_HEAD if graded else [])] + [run_cells(r, graded) for r in view["rows"]]
 
 
 def run_summary(view: dict[str, Any]) -> list[str]:
@@ -201,13 +228,15 @@ def run_summary(view: dict[str, Any]) -> list[str]:
     if totals["evaluated"]:
         counts.append(f"resolved {totals['resolved']} of {totals['evaluated']} ({totals['resolved_rate']:.1%})")
     counts += [f"{totals['tokens']:,} tokens", money(totals["cost"]), f"{seconds(totals['wall_s'])} of task time"]
+    if totals.get("graded"):
+        counts.append(f"{totals['graded']} graded in {seconds(totals['grade_wall_s'])} (apart from task time)")
     return [" · ".join(facts), " · ".join(counts)]
 
 
 def plain_run(view: dict[str, Any]) -> str:
     lines = run_summary(view) + [""]
     if view["rows"]:
-        lines.append(plain_table([RUN_HEAD] + [run_cells(r) for r in view["rows"]], right={3, 4, 5, 6}))
+        lines.append(plain_table(run_table(view), right={3, 4, 5, 6, 7}))
     else:
         lines.append("no task matches" if view["totals"]["tasks"] else "no task has finished yet")
     return visible("\n".join(lines) + "\n")
@@ -315,7 +344,7 @@ def rich_run(view: dict[str, Any]) -> str:
     lines = [paint(line, "bold") for line in run_summary(view)] + [""]
     if not view["rows"]:
         return "\n".join(lines + ["no task matches" if view["totals"]["tasks"] else "no task has finished yet"]) + "\n"
-    table = aligned([RUN_HEAD] + [run_cells(r) for r in view["rows"]], right={3, 4, 5, 6})
+    table = aligned(run_table(view), right={3, 4, 5, 6, 7})
     lines.append(paint("  ".join(table[0]).rstrip(), "bold cyan"))
     for row, cells in zip(view["rows"], table[1:]):
         cells[1] = paint(cells[1], _status_style(row["exit_status"]))

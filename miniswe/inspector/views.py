@@ -117,6 +117,7 @@ def header_view(trajectory: Trajectory) -> dict[str, Any]:
         "exit_detail": outcome.detail if outcome else None,
         "submission": outcome.submission if outcome else None,
         "resolved": trajectory.resolved,
+        "grade": grade_beside(trajectory),
         "steps": len(steps),
         "format_errors": sum(1 for s in steps if s.format_error),
         "timeouts": sum(1 for s in steps if s.timed_out),
@@ -136,6 +137,35 @@ def header_view(trajectory: Trajectory) -> dict[str, Any]:
         "parent": ({key: trajectory.parent.get(key) for key in ("trajectory", "run_id", "from_step")}
                    if trajectory.parent else None),
     }
+
+
+def grade_beside(trajectory: Trajectory) -> dict[str, Any] | None:
+    """The SWE-bench grade of a batch task's current trajectory (RUN_DIR/<id>/grade/grade.json); None for any other."""
+    import json
+
+    from miniswe.swebench.grading import GRADE_DIR
+
+    task_id = trajectory.metadata.get("task_id")
+    path = trajectory.path or ""
+    if not task_id or os.path.basename(path) != f"{task_id}.traj.json":
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(path), GRADE_DIR, "grade.json"), encoding="utf-8") as handle:
+            grade = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return grade if isinstance(grade, dict) else None
+
+
+def test_counts(grade: dict[str, Any] | None) -> str:
+    """`FAIL_TO_PASS 1/1 · PASS_TO_PASS 12/12`: a grade's tests passed of those run; "" without test results."""
+    tests = (grade or {}).get("tests") or {}
+    parts = []
+    for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+        if key in tests:
+            passed, failed = len(tests[key].get("success") or []), len(tests[key].get("failure") or [])
+            parts.append(f"{key} {passed}/{passed + failed}")
+    return " · ".join(parts)
 
 
 def trajectory_view(trajectory: Trajectory, *, select=None) -> dict[str, Any]:
@@ -223,6 +253,8 @@ def run_view(run_dir: str, *, sort: str | None = None, status: str | None = None
         "not_run": sum(1 for r in rows if r["exit_status"] == NOT_RUN),
         "tokens": sum(r["tokens"] for r in rows), "cost": round(sum(r["cost"] for r in rows), 8),
         "wall_s": round(sum(r["wall_s"] for r in rows), 3),
+        "graded": (numbers["grading"] or {}).get("graded", 0),
+        "grade_wall_s": (numbers["grading"] or {}).get("total_wall_s", 0.0),
     }
     return {
         "inspect": "run",
@@ -243,7 +275,7 @@ def row_view(record: Any) -> dict[str, Any]:
         "id": record.id, "exit_status": record.exit_status, "resolved": record.resolved, "steps": record.steps,
         "tokens": record.tokens, "cost": record.cost or 0.0, "wall_s": record.wall_s or 0.0,
         "exit_detail": detail[-1][:300] if detail else None, "trajectory": record.trajectory,
-        "attempt": record.attempt,
+        "attempt": record.attempt, "grade": record.grade,
     }
 
 
@@ -259,6 +291,8 @@ def selected_ids(run: dict[str, Any]) -> list[str] | None:
     from miniswe.batch.tasks import load_tasks
 
     task_file, options = run.get("task_file") or {}, run.get("options") or {}
+    if task_file.get("dataset"):
+        return None  # loading a dataset by name may reach the network: `inspect` shows the task folders instead
     try:
         tasks = load_tasks(task_file["path"])
         if task_file.get("sha256") and tasks.sha256 != task_file["sha256"]:
@@ -289,7 +323,7 @@ def unfinished_rows(run_dir: str, run: dict[str, Any], finished: set[str]) -> li
             continue
         relative = trajectory_name(task_id)
         row = {"id": task_id, "exit_status": NOT_RUN, "resolved": None, "steps": 0, "tokens": 0, "cost": 0.0,
-               "wall_s": 0.0, "exit_detail": "never started", "trajectory": None, "attempt": None}
+               "wall_s": 0.0, "exit_detail": "never started", "trajectory": None, "attempt": None, "grade": None}
         if os.path.isfile(os.path.join(run_dir, relative)):
             row.update(exit_status=UNFINISHED, trajectory=relative,
                        exit_detail="began but did not finish (the batch was stopped or killed while it ran)")

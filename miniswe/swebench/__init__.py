@@ -1,0 +1,28 @@
+"""SWE-bench: task lists by file or dataset name, and grading by the official harness's own rules.
+
+    datasets.py  dataset names (verified, lite, ...) and Hugging Face ids, Parquet files, the shipped
+                 benchmark config (config/swebench.yaml) applied to SWE-bench task lists
+    grading.py   one submitted patch graded in a fresh container from the instance's image, with the
+                 harness's test spec, log parser and report (the `swebench` package, an optional extra)
+    evaluate.py  `miniswe evaluate RUN_DIR`: grade, or regrade, a finished batch the same way
+
+The optional packages are imported only when used: a batch of plain tasks never loads them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from miniswe.errors import UsageError
+
+INSTALL = "pip install -e '.[swebench]' in the miniswe checkout"
+
+
+def require(module: str, purpose: str):
+    """The optional `module`, or one UsageError line naming what needs it and how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        if error.name and error.name.split(".")[0] != module.split(".")[0]:
+            raise UsageError(f"{purpose} needs {module}, which failed to import ({error}); reinstall it: {INSTALL}") from None
+        raise UsageError(f"{purpose} needs the {module.split('.')[0]} package: {INSTALL}") from None
