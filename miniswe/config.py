@@ -395,6 +395,8 @@ def _explain(problem: dict[str, Any], cls: type[Settings], section: str, kind: s
         return f"{where}: {subject}: must be 0 or more{f' (0 = {zero})' if zero else ''}, got {value}"
     if error == "less_than_equal":
         return f"{where}: {subject}: {value:g} is too large (at most {context['le']:g}); use 0 for no limit"
+    if context.get("pattern") == NONBLANK and inner:  # an item of a list is blank, not the list empty
+        return f"{where}: {subject}[{inner[0]}]: must not be blank, got {value!r:.40}"
     if error == "too_short" or context.get("pattern") == NONBLANK:
         return f"{where}: {subject}: must not be empty (default: {spec.get_default(call_default_factory=True)!r})"
     if error == "literal_error":

@@ -50,6 +50,7 @@ def test_key_value_is_read_as_yaml():
         ("environment.kind=dokcer", "environment.kind: unknown environment 'dokcer' (did you mean 'docker'?)"),
         ("model.prices={input: 1}", "model.prices.input: unknown key"),
         ("protocol.action_tags=[]", "protocol.action_tags: must not be empty"),
+        ("protocol.action_tags=[bash, ' ']", "protocol.action_tags[1]: must not be blank, got ' '"),
         ("agent=5", "agent: expected a mapping"),
         ("agent.step_limit=10000000000000000", "agent.step_limit: 1e+16 is too large (at most 1e+15); use 0 for no limit"),
         ("agent.time_limit=40000000", "agent.time_limit: 4e+07 is too large (at most 3.16224e+07)"),
