@@ -392,3 +392,19 @@ def test_the_piece_masker_masks_a_secret_split_anywhere_and_holds_back_only_what
         assert shown == "a key: ***; not one: sk-live-; ends with s", size
     masker = PieceMasker(secrets)
     assert masker.feed("plain words ") == "plain words " and masker.feed("and sk-l") == "and " and masker.held == "sk-l"
+
+
+def test_lines_typed_during_a_turn_are_taken_one_at_a_time_after_it(terminals, server, home, work):
+    # Enter pressed while a turn runs: /cost and /quit are two inputs, not newlines of one message to the model
+    server.push({"content": act("echo done"), "latency": 1.5}, SUBMIT)
+    term = start(terminals, server, home, work, "--mode", "yolo")
+    say(term, "do it")
+    term.wait_for(r"do it")
+    term.send("/cost\r")
+    term.send("/quit\r")
+    term.wait_for(r"\$ echo done")
+    term.wait_for(r"/cost  \(typed during the turn\)")
+    term.wait_for(r"this session: 2 model calls")
+    term.wait_for(r"/quit  \(typed during the turn\)")
+    assert term.wait_exit() == 0, "a typed-ahead /quit leaves without another Enter"
+    assert len(server.requests) == 2, "nothing typed ahead was sent to the model"

@@ -4,8 +4,11 @@ back to the prompt; Ctrl-C at an empty prompt, Ctrl-D, /quit, SIGTERM or SIGHUP 
 
 from __future__ import annotations
 
+import collections
 import os
+import select
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,14 +85,20 @@ class Repl:
 
     def loop(self) -> int:
         self._banner()
+        ahead: collections.deque[str] = collections.deque()
         with _leave_on_signals(self.editor):
             try:
                 while True:
-                    try:
-                        line = self.editor.read(f"[{self.mode}]> ", main=True)
-                    except (KeyboardInterrupt, EOFError):
-                        self.console.line("")
-                        return 0
+                    ahead.extend(self._typed_ahead())
+                    if ahead:  # typed while the turn ran: taken one line at a time, shown as if at the prompt
+                        line = ahead.popleft()
+                        self.console.line(f"[{self.mode}]> {line}  (typed during the turn)", "note")
+                    else:
+                        try:
+                            line = self.editor.read(f"[{self.mode}]> ", main=True)
+                        except (KeyboardInterrupt, EOFError):
+                            self.console.line("")
+                            return 0
                     text = line.strip()
                     if not text:
                         continue
@@ -101,6 +110,20 @@ class Repl:
                         self._guarded(lambda: self.session.turn(text))
             except Leave as leave:
                 return leave.code
+
+    def _typed_ahead(self) -> list[str]:
+        """Whole lines typed at the terminal while a turn ran: each is its own input, not newlines in the next
+        one. (The terminal keeps them line by line until read; a line not finished with Enter stays there, for
+        the prompt to show.)"""
+        if self.editor.name == "plain":
+            return []
+        typed = b""
+        while select.select([sys.stdin.fileno()], [], [], 0)[0]:
+            chunk = os.read(sys.stdin.fileno(), 4096)
+            if not chunk:
+                break
+            typed += chunk
+        return [line for line in typed.decode("utf-8", "replace").replace("\r", "\n").split("\n") if line.strip()]
 
     def _banner(self) -> None:
         model = self.session.model.describe()
