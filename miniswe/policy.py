@@ -9,8 +9,8 @@ options anywhere in the arguments (`-rf`, `-R`, `--recursive`, after the operand
 `$HOME`, `/*`, `~/..` and a tracked `cd /`, `D=/` resolved).
 
 It is still not a sandbox: a script file, a variable from elsewhere, `python -c` or a command downloaded and run
-gets past it. It stops the obvious accident; a container stops the rest. Confinement (`policy.confine`) is
-enforced by the kernel (Linux Landlock), not by reading commands.
+gets past it. It stops the obvious accident; a container stops the rest. Confinement (`policy.confine`, in
+environments/spawner.py) is enforced by the kernel (Landlock, namespaces), not by reading commands.
 """
 
 from __future__ import annotations
