@@ -15,6 +15,7 @@ environments/spawner.py) is enforced by the kernel (Landlock, namespaces), not b
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from collections.abc import Callable
@@ -38,6 +39,8 @@ PROTECTED = {"/", f"/{HOME}homes", _HOME_PATH} | {
     "/" + name for name in "bin boot dev etc home lib lib32 lib64 libx32 media mnt opt proc root run sbin snap srv "
                            "sys usr var Applications Library System Users Volumes private".split()} | {
     "/usr/" + name for name in "bin include lib lib64 libexec local sbin share".split()} | {"/var/lib"}
+
+_REAL_HOME = posixpath.normpath(os.path.expanduser("~")) if os.path.expanduser("~") != "~" else None
 
 # A whole disk or partition: writing it destroys the file systems on it
 _DEVICE = re.compile(r"/dev/(?:[shv]d[a-z]+\d*|xvd[a-z]+\d*|nvme\d+(?:n\d+(?:p\d+)?)?|mmcblk\d+(?:p\d+)?"
@@ -84,8 +87,8 @@ class _Command:
 class _Lexer:
     """Reads bash text into simple commands, in one pass (linear time: each character is read once).
 
-    `commands` holds the text's commands in order; `substitutions` holds those of each `$(...)`, backquote
-    and `<(...)`, which run too. Values of variables assigned on their own (`D=/; rm -rf $D`) are tracked."""
+    script() returns the text's commands in order; `substitutions` then holds those of each `$(...)`,
+    backquote and `<(...)`, which run too. Variables assigned on their own (`D=/; rm -rf $D`) are followed."""
 
     def __init__(self, text: str, depth: int = 0):
         self.s, self.i, self.n = text, 0, len(text)
@@ -302,6 +305,8 @@ class _Lexer:
 
     def _variable(self, name: str, in_double: bool) -> str:
         if name not in self.vars:
+            if name == "IFS" and not in_double:
+                return SPLIT  # `rm$IFS-rf$IFS/` is three words
             return HOME if name == "HOME" else UNKNOWN
         known = self.vars[name]
         # unquoted, a value is split into words and its `*` globbed
@@ -360,11 +365,9 @@ class _Lexer:
     # -- redirections and here-documents
 
     def _redirect(self, command: _Command) -> None:
-        match = re.compile(r"&>>|&>|<<<|<<-|<<|<>|<&|>>|>\||>&|<|>|&").match(self.s, self.i)
+        match = re.compile(r"&>>|&>|<<<|<<-|<<|<>|<&|>>|>\||>&|<|>").match(self.s, self.i)
         operator = match.group()
         self.i = match.end()
-        if operator == "&":  # a lone `&` ends a command; handled in script()
-            return
         while self.i < self.n and self.s[self.i] in " \t":
             self.i += 1
         if self.i >= self.n or self.s[self.i] in _META:
@@ -471,7 +474,7 @@ def _protected(value: str, cwd: str | None) -> str | None:
     whole = path
     while path != "/" and _all_glob(posixpath.basename(path)):
         path = posixpath.dirname(path)
-    if path not in PROTECTED:
+    if path not in PROTECTED and path != _REAL_HOME and not re.fullmatch(r"/(?:home|Users)/[^/]+", _plain(path)):
         return None
     return _plain(whole)
 
@@ -563,7 +566,8 @@ _WRAPPERS = {
 
 
 def _unwrap(words: list[str]) -> tuple[list[str], list[str], bool]:
-    """The command that actually runs: (its argv, shell texts it runs, whether it is a shell reading stdin)."""
+    """The command that actually runs: (its argv, shell texts it runs, whether it reads its input as shell
+    commands or, after xargs, as more arguments: then the argv ends with an empty word)."""
     argv: list[str] = []
     for word in words:
         for expanded in _braces(word):
@@ -599,6 +603,8 @@ def _unwrap(words: list[str]) -> tuple[list[str], list[str], bool]:
             return [], [_plain(given.get("-c") or given.get("--command") or "")], False
         if name == "watch":
             return [], [" ".join(map(_plain, argv[first:]))], False  # watch runs its arguments with sh -c
+        if name == "xargs" and not {"-a", "--arg-file"} & set(given):
+            argv.append("")  # its input words go last
         index = first + skip
         while index < len(argv) and name in ("sudo", "env", "doas") and re.match(r"[A-Za-z_]\w*=", argv[index]):
             index += 1
@@ -615,7 +621,7 @@ def _command_rules(name: str, args: list[str], cwd: str | None) -> list[str]:
     if name == "rm":
         if any(_protected(target, cwd) for target in _options(args)[1]):
             broken.append("delete-root-or-home")
-    elif name in ("chmod", "chown", "chgrp"):
+    elif name in ("chmod", "chown", "chgrp", "setfacl", "chattr"):
         if name == "chmod":  # `-w`, `-x` are modes, not options
             options, operands, ended = [], [], False
             for arg in args:
@@ -627,15 +633,17 @@ def _command_rules(name: str, args: list[str], cwd: str | None) -> list[str]:
                 else:
                     operands.append(arg)
         else:
-            options, operands, _ = _options(args)
+            options, operands, _ = _options(args, "mMxX" if name == "setfacl" else "pv" if name == "chattr" else "",
+                                            ("modify", "modify-file", "remove", "remove-file", "set", "set-file"))
         recursive = any(re.fullmatch(r"-\w*R\w*", flag) for flag, _ in options) or _has(options, "", "recursive")
-        targets = operands if any(flag.startswith("--ref") for flag, _ in options) else operands[1:]
+        given_mode = name == "setfacl" or any(flag.startswith("--ref") for flag, _ in options)
+        targets = operands if given_mode else operands[1:]  # after chmod's mode, chown's owner, chattr's +i
         for target in targets:
             what = _protected(target, cwd)
             if what and (recursive or what in ("/", "/*")):
                 broken.append("chmod-root")
                 break
-    elif re.fullmatch(r"mkfs(\..+)?|mke2fs", name) or (name == "mkswap" and any(_is_device(a, cwd) for a in args)):
+    elif re.fullmatch(r"mkfs(\..+)?|mke2fs|mkdosfs|mkntfs|mkexfatfs|mkreiserfs|newfs(_.+)?", name) or (name == "mkswap" and any(_is_device(a, cwd) for a in args)):
         broken.append("mkfs")
     elif name in ("shutdown", "reboot", "halt", "poweroff"):
         broken.append("shutdown")
@@ -651,8 +659,11 @@ def _command_rules(name: str, args: list[str], cwd: str | None) -> list[str]:
         if _has(_options(args)[0], "-e", "exec"):
             broken.append("shutdown")
     elif name == "kill":
-        if "-1" in _kill_targets([_plain(a) for a in args]):
+        signal, targets = _kill_targets([_plain(a) for a in args])
+        if -1 in targets:
             broken.append("kill-all")
+        elif 1 in targets and signal not in ("0", "-0"):
+            broken.append("shutdown")  # init: SIGINT reboots a systemd machine, any end of it stops a container
     elif name == "killall5":
         broken.append("kill-all")
     elif name in ("pkill", "killall"):
@@ -669,18 +680,19 @@ def _command_rules(name: str, args: list[str], cwd: str | None) -> list[str]:
     return broken
 
 
-def _kill_targets(args: list[str]) -> list[str]:
-    """kill's process ids: after its signal option (`-9`, `-KILL`, `-s KILL`, `-n 9`), `-1` is every process."""
-    index = 0
+def _kill_targets(args: list[str]) -> tuple[str, list[int]]:
+    """kill's signal and process ids: after its signal option (`-9`, `-KILL`, `-s KILL`, `-n 9`), `-1` is every
+    process."""
+    index, signal = 0, ""
     if args and args[0] in ("-s", "-n", "--signal"):
-        index = 2
-    elif args and args[0].startswith("-") and args[0] != "--" and not re.fullmatch(r"-[lL].*", args[0]):
-        index = 1
+        index, signal = 2, args[1] if len(args) > 1 else ""
     elif args and re.fullmatch(r"-[lL].*", args[0]):
-        return []  # lists signals
+        return "", []  # lists signals
+    elif args and args[0].startswith("-") and args[0] != "--":
+        index, signal = 1, args[0]
     if index < len(args) and args[index] == "--":
         index += 1
-    return args[index:]
+    return signal, [int(arg) for arg in args[index:] if re.fullmatch(r"-?\d{1,18}", arg)]
 
 
 def _written(name: str, args: list[str]) -> list[str]:
@@ -701,6 +713,13 @@ def _written(name: str, args: list[str]) -> list[str]:
         return operands[1:2]
     if name in ("shred", "blkdiscard", "badblocks"):
         return _options(args, "nsoctbp" if name != "badblocks" else "bcdeiopst")[1]
+    if name in ("sgdisk", "sfdisk", "parted"):
+        options, operands, _ = _options(args, "" if name == "parted" else "ANdnrtcu")
+        reads = {"-l", "--list"} if name == "parted" else {"-l", "-d", "-J", "-s", "-V", "-p", "-i", "-v", "--list",
+                                                            "--dump", "--json", "--show-size", "--verify", "--print",
+                                                            "--info", "--backup"}
+        writes_table = name != "parted" or bool({"mklabel", "mktable", "mkpart", "rm", "resizepart"} & set(operands))
+        return operands[:1] if writes_table and not reads & {flag for flag, _ in options} else []
     if name == "wipefs":
         options, operands, _ = _options(args, "obt", ("offset", "backup", "types"))
         return operands if _has(options, "-a", "all") or _has(options, "-o", "offset") else []
@@ -726,7 +745,7 @@ def _read(text: str, depth: int, reading: Reading) -> None:
     commands = lexer.script()
     for source in [text, *lexer.sources]:  # "$(...)" is quoted text to _unquoted, and runs
         reading.texts.append(source)
-        if "fork-bomb" not in reading.rules and _FORK_BOMB.search(_unquoted(source)):
+        if "fork-bomb" not in reading.rules and _fork_bomb(_unquoted(source)):
             reading.rules.append("fork-bomb")
     for script in [commands, *lexer.substitutions]:
         _judge(script, depth, reading)
@@ -745,10 +764,12 @@ def _judge(commands: list[_Command], depth: int, reading: Reading) -> None:
                     found.append("shutdown")
         first = next((i for i, assignment in enumerate(command.assignment) if not assignment), len(command.words))
         argv, texts, reads_stdin = _unwrap(command.words[first:])
+        echoed = [word for word in previous[1:] if not _plain(word).startswith("-")] \
+            if command.piped and previous and posixpath.basename(_plain(previous[0])) in ("echo", "printf") else []
         if reads_stdin:
-            texts = list(command.stdin)
-            if command.piped and previous and posixpath.basename(_plain(previous[0])) in ("echo", "printf"):
-                texts.append(" ".join(_plain(word) for word in previous[1:] if not _plain(word).startswith("-")))
+            texts = list(command.stdin) + ([" ".join(map(_plain, echoed))] if echoed else [])
+        if argv and argv[-1] == "":  # xargs: `echo / | xargs rm -rf`
+            argv = argv[:-1] + [part for word in echoed for part in word.split(SPLIT)]
         if depth < _MAX_SHELLS:
             for inner in texts:
                 _read(inner, depth + 1, reading)
@@ -777,7 +798,20 @@ DENY = {
     "chmod-root": "changes permissions of the whole file system (or of a system folder or the home folder)",
 }
 
-_FORK_BOMB = re.compile(r"(\w+|:)\s*\(\)\s*\{\s*\1\s*\|\s*\1\s*&\s*\}\s*;?\s*\1")
+_FUNCTION = re.compile(r"(?:\bfunction\s+([\w:.-]+)\s*(?:\(\s*\))?|([\w:.-]+)\s*\(\s*\))\s*\{([^{}]*)\}")
+
+
+def _fork_bomb(text: str) -> bool:
+    """A function that starts itself at least twice, in a pipe or in the background, and is called: each call
+    doubles the processes (`:(){ :|:& };:`, `bomb() { bomb & bomb; }; bomb`, `function f { f|f& }; f`)."""
+    for checked, match in enumerate(_FUNCTION.finditer(text)):
+        if checked > 100:
+            return False
+        name, body = match.group(1) or match.group(2), match.group(3)
+        call = re.compile(rf"(?:^|[;&|(\n])\s*{re.escape(name)}(?![\w:.-])")  # as a command, not an argument
+        if len(call.findall(body)) >= 2 and re.search(r"[|&]", body) and call.search(text, match.end() - 1):
+            return True
+    return False
 
 # A quoted word that still names the root or the home folder: "/" and '/' are `/`; "$HOME" expands in double
 # quotes (in single quotes, or as "~", it is a name in the working directory)

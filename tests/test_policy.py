@@ -63,7 +63,7 @@ def test_a_pathological_command_does_not_stall_the_run():
     import time
 
     started = time.perf_counter()
-    for command in ("sudo " * 20000 + "ls", "x=1 " * 20000 + "ls", "rm " + "-f " * 20000 + "x", "kill " + "1 " * 20000,
+    for command in ("sudo " * 20000 + "ls", "x=1 " * 20000 + "ls", "rm " + "-f " * 20000 + "x", "kill " + "2 " * 20000,
                     "(" * 20000, "sudo a; " * 5000):
         assert verdict(command) is None
     assert time.perf_counter() - started < 10
@@ -109,8 +109,8 @@ def spellings(command: str) -> list[str]:
     if simple:
         ways += [prefix + command for prefix in (
             "sudo ", "sudo -u root -E ", "sudo -- ", "doas ", "env ", "env LC_ALL=C ", "X=1 ", "X=1 Y=2 ",
-            "nohup ", "nice -n 5 ", "timeout 5 ", "timeout -s KILL 5 ", "command ", "exec ", "builtin " * 0,
-            "setsid ", "stdbuf -o0 ", "time ", "! ", "echo x | xargs ", "xargs -0 ", "sudo env X=1 nice ")]
+            "nohup ", "nice -n 5 ", "timeout 5 ", "timeout -s KILL 5 ", "command ", "exec ",
+            "setsid ", "stdbuf -o0 ", "time ", "! ", "git ls-files | xargs ", "xargs -0 ", "sudo env X=1 nice ")]
         ways += ["\\" + command, "/usr/bin/" + command, '"' + name + '" ' + rest, "'" + name + "' " + rest,
                  name + " \\\n" + rest, name + "\t" + rest]
     return ways
@@ -152,30 +152,35 @@ REFUSED_TOO = {
         "env -S 'rm -rf /'", "watch rm -rf /", "flock /tmp/l rm -rf /", "flock /tmp/l -c 'rm -rf /'",
         "busybox rm -rf /", "sh -c \"sh -c 'rm -rf /'\"", "bash -e -x -c 'rm -rf /'", "cat <(rm -rf ~)",
         "x=$(rm -rf ~)", "f() { rm -rf ~; }", "sh <<EOF\nls\nrm -rf ~\nEOF", "cat <<EOF\n$(rm -rf ~)\nEOF",
-        "printf 'rm -rf ~' | bash", "case x in x) rm -rf ~;; esac",
+        "printf 'rm -rf ~' | bash", "case x in x) rm -rf ~;; esac", "rm$IFS-rf$IFS/", "r=rm; $r -rf ~",
+        "echo ~ | xargs rm -rf", "echo / | sudo xargs -n1 rm -rf", "rm -rf /Users/alice", "rm -rf /root",
     ],
     "chmod-root": [
         "chmod 777 -R /", "chmod --recursive 777 /", "chmod -R 777 /*", "chmod -fR 777 /", "chmod -Rv 777 /",
         "chmod --rec 777 /", "chmod -R -- 777 /", "chmod -R a+w ~", "chmod -R 777 ~/", "chown -R me:me /etc",
         "chown me / -R", "chgrp --recursive staff /usr", "chmod 000 /", "chmod 777 /*", "sudo chmod -R 777 /",
+        "chown -hR me /", "chattr -R +i /", "setfacl -R -m u:x:rwx ~",
     ],
     "raw-disk-write": [
         "tee /dev/sda", "tee -a /dev/sdb1", "echo x | tee x.log /dev/nvme0n1", "cp x /dev/sda", "cp -f x /dev/sda",
         "cp -t /dev/sda x", "install x /dev/vda", "cat x >/dev/sda", "cat x >> /dev/sda", "cat x &>/dev/sda",
         "cat x 1>/dev/sda", "cat x >|/dev/sda", "exec 3<>/dev/sda", "cd /dev && cat x > sda", "tee /dev/sd?",
         "dd of=/dev/mmcblk0p1 if=x", "dd if=x of=/dev/disk/by-id/ata-X", "dd if=x of=/dev/mapper/root",
-        "shred -n 1 /dev/sda", "blkdiscard /dev/nvme0n1", "ddrescue in.img /dev/sdc",
+        "shred -n 1 /dev/sda", "blkdiscard /dev/nvme0n1", "ddrescue in.img /dev/sdc", "rsync -a x /dev/sda",
+        "sfdisk /dev/sda < table", "parted -s /dev/sda mklabel gpt", ": > /dev/sda", "> /dev/sda", "exec >/dev/sda",
     ],
     "shutdown": [
         "telinit 6", "telinit 0", "init 6", "systemctl -i reboot", "systemctl reboot -i", "systemctl --force poweroff",
         "systemctl halt", "systemctl kexec", "systemctl suspend", "systemctl start poweroff.target",
         "loginctl reboot", "/sbin/reboot -f", "echo o > /proc/sysrq-trigger", "echo b | tee /proc/sysrq-trigger",
-        "kexec -e", "busybox reboot",
+        "kexec -e", "busybox reboot", "kill -INT 1", "kill 1", "sudo kill -s TERM 1",
     ],
     "kill-all": ["kill -9 -- -1", "kill -n 9 -1", "kill --signal KILL -1", "kill -sKILL -1", "kill 123 -1",
-                 "pkill -9 -u me", "pkill -U 1000", "pkill .", "killall -9 -u me", "builtin kill -9 -1"],
-    "mkfs": ["mke2fs /dev/sdb", "mkfs.xfs -f /dev/nvme0n1", "mkswap /dev/sdb2", "command mkfs /dev/sdb"],
-    "fork-bomb": ["bash -c ':(){ :|:& };:'", "f(){ f|f& };f"],
+                 "pkill -9 -u me", "pkill -U 1000", "pkill .", "killall -9 -u me", "builtin kill -9 -1", "kill -9 -01",
+                 "kill -9 '-1'"],
+    "mkfs": ["mke2fs /dev/sdb", "mkfs.xfs -f /dev/nvme0n1", "mkswap /dev/sdb2", "command mkfs /dev/sdb", "mkdosfs /dev/sdb"],
+    "fork-bomb": ["bash -c ':(){ :|:& };:'", "f(){ f|f& };f", "function f { f|f& }; f", ":(){ :|:& };\n:",
+                  "f() { f & f; }; f"],
 }
 
 ALLOWED_TOO = [
@@ -191,6 +196,9 @@ ALLOWED_TOO = [
     "systemctl status reboot.target", "systemctl restart nginx", "journalctl -b -1", "init 3", "kill -1 123",
     "kill -l", "kill -9 $(cat app.pid)", "pkill -f server", "pkill -u me python", "killall -u me python",
     "case $1 in reboot) echo soon;; esac", "echo ${#x}", "echo $((1<<2))", "x=(rm -rf /)", "man rm",
+    "rm -rf /home/alice/project/build", "echo build | xargs rm -rf", "ls | xargs rm -rf", "kill -0 1", "kill 12",
+    "chattr +i notes.txt", "parted /dev/sda print", "sfdisk -l /dev/sda", "sgdisk -p /dev/sda",
+    "f() { echo f | grep f; }; f", "f(){ f|f& }; echo f", "fib() { fib 1; }", "printf '%s' / | xargs ls",
 ]
 
 
