@@ -132,7 +132,7 @@ def confine() -> None:
     if _GUARD:
         try:
             read_only_outside(os.getcwd())
-        except OSError:
+        except BaseException:  # raised here, it would reach the spawner through Popen and end it
             os._exit(126)
     abi = landlock_abi()
     writes = (_WRITE_FILE | _REMOVE_DIR | _REMOVE_FILE | _MAKE_CHAR | _MAKE_DIR | _MAKE_REG | _MAKE_SOCK | _MAKE_FIFO
