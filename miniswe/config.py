@@ -148,7 +148,7 @@ class PolicyConfig(Settings):
     deny: Regexes = DENY_RULES  # built-in rule names and regexes: a matching command is refused, the model is told why, and the run goes on
     confirm: Regexes = []  # regexes: a matching command runs only when a person says yes (chat); refused where nobody is asked
     containers: bool = False  # apply deny and confirm in containers too (there the container is the sandbox)
-    confine: bool = False  # local: commands may write only in the working directory and /tmp (Linux Landlock)
+    confine: bool = False  # local: commands may write (and change metadata) only in the working directory, /tmp and /dev/shm (Linux)
 
 
 class EnvironmentConfig(Settings):

@@ -46,6 +46,11 @@ class LocalEnvironment:
             raise SandboxError("policy.confine: this kernel has no Landlock (Linux 5.13+ with Landlock enabled "
                                "confines commands); run in Docker instead, or set policy.confine: false")
         self.confine = confine
+        self.notices: list[str] = []
+        if confine and not metadata_confined():
+            self.notices.append("policy.confine: this kernel refuses unprivileged user namespaces, so chmod, chown "
+                                "and touch outside the working directory are not refused (writes are); run in "
+                                "Docker to confine those too")
         self.cwd = os.path.abspath(config.cwd or os.getcwd())
         if not os.path.isdir(self.cwd):
             raise SandboxError(f"environment.cwd: {self.cwd} is not a directory; create it or pass --cwd")
@@ -117,7 +122,21 @@ class LocalEnvironment:
             self._spawner = None
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "local", "cwd": self.cwd, "env": sorted(self.config.env)}
+        return {"kind": "local", "cwd": self.cwd, "env": sorted(self.config.env),
+                **({"notices": self.notices} if self.notices else {})}
+
+
+_metadata_confined: list[bool] = []
+
+
+def metadata_confined() -> bool:
+    """Whether a confined command also cannot change metadata outside its folder (the spawner's namespace
+    works here): asked of the spawner once per process, since its own stderr goes nowhere."""
+    if not _metadata_confined:
+        probe = subprocess.run([sys.executable, "-I", "-S", SPAWNER, "--probe"], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _metadata_confined.append(probe.returncode == 0)
+    return _metadata_confined[0]
 
 
 class Spawner:
