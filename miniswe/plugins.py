@@ -19,6 +19,7 @@ KINDS = {
     },
     "model": {
         "openai": "miniswe.models.openai:OpenAIModel",
+        "litellm": "miniswe.models.litellm:LitellmModel",
         "scripted": "miniswe.models.scripted:ScriptedModel",
         "replay": "miniswe.models.replay:ReplayModel",
     },
