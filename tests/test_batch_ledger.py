@@ -32,7 +32,9 @@ def test_report_numbers_from_a_known_ledger(tmp_path):
     write_ledger(tmp_path / "results.jsonl", [older_b] + KNOWN, tail='{"id": "f", "exit_st')
     records = list(read_records(str(tmp_path / "results.jsonl")).values())
     report = build_report(records)
-    assert list(report) == ["tasks", "by_status", "resolved", "evaluated", "resolved_rate", "steps", "tokens", "cost", "wall_s", "infra_failures"]
+    assert list(report) == ["tasks", "by_status", "resolved", "evaluated", "resolved_rate", "steps", "tokens", "cost", "wall_s",
+                            "infra_failures", "grading"]
+    assert report["grading"] is None  # nothing was graded by the SWE-bench harness
     assert report["tasks"] == 5
     assert report["by_status"] == {"Submitted": 3, "LimitsExceeded": 1, "ModelError": 1}
     assert (report["resolved"], report["evaluated"], report["resolved_rate"]) == (1, 4, 0.25)

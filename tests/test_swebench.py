@@ -58,7 +58,8 @@ def test_dataset_names_aliases_and_files_are_told_apart(tmp_path):
 
 def test_an_instance_without_an_image_gets_the_harness_name_and_the_benchmark_config_fills_it(tmp_path):
     from miniswe.batch.plan import plan_tasks
-    from miniswe.swebench.datasets import benchmark_sources, with_benchmark
+    from miniswe.swebench.datasets import with_benchmark
+    from miniswe.swebench.evaluate import batch_sources as benchmark_sources
 
     path = tmp_path / "lite.jsonl"
     path.write_text(json.dumps(instance_row("django__django-11099")) + "\n"
@@ -128,6 +129,28 @@ def test_grading_refuses_instances_the_harness_cannot_grade(tmp_path):
     options = BatchOptions(str(path), str(tmp_path / "run"), grade=True)
     with pytest.raises(UsageError, match="^--grade: instance org__repo-1 has no eval_script"):
         run_batch(load_config("model.kind=scripted", f"model.script={path}"), options)
+
+
+def test_the_report_counts_grades_apart_and_names_each_reason():
+    from miniswe.batch.ledger import LedgerRecord
+    from miniswe.batch.report import build_report, render_markdown
+
+    def graded(task_id, status, resolved, detail, wall):
+        grade = {"status": status, "resolved": resolved, "detail": detail, "wall_s": wall, "harness": "swebench 5.0.2"}
+        return LedgerRecord(task_id, "Submitted", resolved=resolved, has_eval=True, wall_s=10.0, grade=grade)
+
+    records = [graded("a", "resolved", True, "FAIL_TO_PASS 1/1 passed, PASS_TO_PASS 2/2 passed", 4.0),
+               graded("b", "patch_failed", False, "the patch does not apply: error: corrupt patch at line 7", 1.0),
+               graded("c", "image_unavailable", None, "cannot pull image x: not found; build or load it locally", 1.0)]
+    report = build_report(records)
+    assert (report["resolved"], report["evaluated"]) == (1, 3)
+    assert report["grading"]["by_status"] == {"resolved": 1, "patch_failed": 1, "image_unavailable": 1}
+    assert report["grading"]["total_wall_s"] == 6.0 and report["wall_s"]["max"] == 10.0  # the agents' time apart
+    text = render_markdown(report, records, None, "run")
+    assert "**resolved 1 of 3** graded" in text and "## Grading (3 graded by swebench 5.0.2)" in text
+    assert "| `b` | patch_failed | no | the patch does not apply: error: corrupt patch at line 7 |" in text
+    assert "| `c` | image_unavailable | not graded | cannot pull image x" in text
+    assert "`miniswe evaluate run`" in text
 
 
 # -- a real instance, offline ------------------------------------------------------------------------------------
@@ -280,7 +303,7 @@ def _build(tag: str) -> None:
         assert built.returncode == 0, built.stderr
 
 
-def write_instance(folder: Path, image: str, base_commit: str, **changes) -> Path:
+def write_instance(folder: Path, image: str, base_commit: str, count: int = 1, **changes) -> Path:
     instance = {
         "instance_id": INSTANCE_ID, "repo": "miniswe/textkit", "version": "1.0", "base_commit": base_commit,
         "environment_setup_commit": base_commit, "created_at": "2024-01-01T00:00:00Z", "hints_text": "",
@@ -292,7 +315,8 @@ def write_instance(folder: Path, image: str, base_commit: str, **changes) -> Pat
         **changes,
     }
     path = folder / "instances.json"
-    path.write_text(json.dumps([instance], indent=1))
+    more = [{**instance, "instance_id": INSTANCE_ID.replace("-1", f"-{n}")} for n in range(2, count + 1)]
+    path.write_text(json.dumps([instance, *more], indent=1))
     return path
 
 
@@ -436,9 +460,9 @@ def test_each_way_grading_fails_is_its_own_outcome(tmp_path, instance_image):
     instance = json.loads(write_instance(tmp_path, image, base_commit).read_text())[0]
     environment = DockerConfig(image=image, cwd="/testbed", pull="never")
 
-    def grade(patch, name, timeout=120.0, **changes):
+    def grade(patch, name, timeout=120.0, stop=None, **changes):
         return grade_patch({**instance, **changes}, patch, environment, run_id=f"test-{uuid.uuid4().hex[:8]}-{name}",
-                           folder=str(tmp_path / name / "grade"), timeout=timeout)
+                           folder=str(tmp_path / name / "grade"), timeout=timeout, stop=stop)
 
     empty = grade("", "empty")
     assert (empty["status"], empty["resolved"], empty["detail"]) == ("empty_patch", False, "no patch was submitted")
@@ -449,3 +473,49 @@ def test_each_way_grading_fails_is_its_own_outcome(tmp_path, instance_image):
     gone = grade(GOLD_PATCH, "gone", image="miniswe-no-such-image:never")
     assert gone["status"] == "image_unavailable" and gone["resolved"] is None and "is not present" in gone["detail"]
     assert json.loads((tmp_path / "gone" / "grade" / "grade.json").read_text())["status"] == "image_unavailable"
+    from miniswe.signals import Stop
+    from miniswe.status import interrupted
+
+    stop = Stop()
+    stop.request(interrupted("SIGINT"))
+    stopped = grade(GOLD_PATCH, "stopped", stop=stop)
+    assert stopped["status"] == "interrupted" and stopped["resolved"] is None and "miniswe evaluate" in stopped["detail"]
+
+
+def concurrency(since: float, marker: str) -> int:
+    """The most containers whose name holds `marker` that ran at once since then, by the engine's events."""
+    found = subprocess.run(["docker", "events", "--since", f"{since:.3f}", "--until", f"{time.time():.3f}", "--filter",
+                            "type=container", "--format", "{{json .}}"], capture_output=True, text=True, timeout=60)
+    running, most = set(), 0
+    for line in found.stdout.splitlines():
+        event = json.loads(line)
+        name = ((event.get("Actor") or {}).get("Attributes") or {}).get("name") or ""
+        action = event.get("Action") or event.get("status")
+        if marker in name and action == "start":
+            running.add(name)
+        elif marker in name and action == "die":
+            running.discard(name)
+        most = max(most, len(running))
+    return most
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.xdist_group("swebench-image")
+def test_grading_overlaps_other_tasks_agent_work_within_the_worker_limit(tmp_path, instance_image):
+    image, base_commit = instance_image
+    dataset = write_instance(tmp_path, image, base_commit, count=3)
+    # the first task is quick; the others take their time, so the first one's grading runs beside their agents
+    script = tmp_path / "{id}.yaml"
+    replies(tmp_path, INSTANCE_ID, RIGHT)
+    for n in (2, 3):
+        replies(tmp_path, INSTANCE_ID.replace("-1", f"-{n}"), "sleep 6; " + RIGHT)
+    since = time.time()
+    config = load_config({"model": {"kind": "scripted", "script": str(script)}})
+    result = run_batch(config, BatchOptions(str(dataset), str(tmp_path / "run"), workers=2, quiet=True, grade=True))
+    assert result.exit_code == 0 and result.report["resolved"] == 3, result.markdown
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "run" / "results.jsonl").read_text().splitlines())}
+    quick, slow = records[INSTANCE_ID], records[INSTANCE_ID.replace("-1", "-2")]
+    assert quick["grade"]["started"] < slow["ended"]  # graded while the other task's agent worked, not after
+    assert concurrency(since, "textkit-") <= 2  # the grading containers count against the two workers
+    assert result.report["grading"]["graded"] == 3 and result.report["grading"]["total_wall_s"] > 0

@@ -231,6 +231,7 @@
     var cards = el("div", { class: "cards" },
       card(int(t.tasks) + (batch.selected && batch.selected !== t.tasks ? " / " + int(batch.selected) : ""), batch.selected && batch.selected !== t.tasks ? "tasks finished / selected" : "tasks"),
       t.evaluated ? card((100 * t.resolved_rate).toFixed(1) + "%", "resolved " + t.resolved + " of " + t.evaluated) : null,
+      t.graded ? card(secs(t.grade_wall_s), "grading time (" + t.graded + " graded, apart from the tasks')") : null,
       card(int(t.tokens), "tokens"), card(money(t.cost), "cost"), card(secs(t.wall_s), "wall time (sum)"));
     root.appendChild(cards);
     var byStatus = {};

@@ -122,7 +122,7 @@ def benchmark_path() -> str:
 def with_benchmark(config: Any) -> Any:
     """`config` for a SWE-bench task list: the shipped environment when no environment setting was given at all
     (SWE-bench cannot run on the host: /testbed is in the image). The CLI layers the file under -c and flags
-    instead (benchmark_sources), so a setting given there merges with it; this covers a config built in code."""
+    instead (evaluate.batch_sources), so a setting given there merges with it; this covers a config built in code."""
     from miniswe.config import override
 
     environment = config.environment
@@ -130,17 +130,3 @@ def with_benchmark(config: Any) -> Any:
         return config
     return override(config, environment=benchmark_environment())
 
-
-def benchmark_sources(spec: str) -> list[str]:
-    """The config sources a `miniswe batch SPEC` puts before its -c sources: the shipped benchmark config for a
-    dataset name or a file of SWE-bench instances, nothing for other task lists."""
-    from miniswe.batch.tasks import load_tasks
-    from miniswe.errors import MinisweError
-
-    if dataset_name(spec) is not None:
-        return [benchmark_path()]
-    try:
-        tasks = load_tasks(spec).tasks
-    except MinisweError:
-        return []  # the batch itself reports what is wrong with the file
-    return [benchmark_path()] if tasks and all(task.swebench for task in tasks) else []

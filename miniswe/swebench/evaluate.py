@@ -1,4 +1,5 @@
-"""`miniswe evaluate RUN_DIR`: grade, or regrade, a finished batch's SWE-bench submissions.
+"""The CLI's SWE-bench entry points: `miniswe evaluate RUN_DIR` (grade, or regrade, a finished batch's
+submissions), and the config sources `miniswe batch` puts first for a SWE-bench task list (batch_sources).
 
 The grading is the batch's own (swebench/grading.py, through the batch's scheduler, workers and ledger): each
 graded task gets a new ledger line with its grade, and preds.json, report.md and run.json are written again.
@@ -15,9 +16,10 @@ from miniswe.batch.ledger import LEDGER, Ledger, read_records
 from miniswe.batch.plan import plan_tasks
 from miniswe.batch.run import BatchOptions, BatchResult, _execute
 from miniswe.batch.rundir import RunDir
-from miniswe.batch.tasks import load_task_list
+from miniswe.batch.tasks import load_task_list, load_tasks
 from miniswe.errors import UsageError
 from miniswe.status import EXIT_INFRA, is_agent_outcome
+from miniswe.swebench.datasets import benchmark_path, dataset_name
 from miniswe.swebench.grading import NOT_GRADED, TIMEOUT_S, check_grading, needs_grade
 
 
@@ -72,3 +74,17 @@ def evaluate(run_dir: str, *, tasks: str | None = None, split: str | None = None
         folder.unlock()
     failed = [r for r in ledger.snapshot() if (r.grade or {}).get("status") in NOT_GRADED]
     return dataclasses.replace(result, exit_code=EXIT_INFRA) if failed and result.exit_code != EXIT_INFRA else result
+
+
+def batch_sources(spec: str) -> list[str]:
+    """The config sources a `miniswe batch SPEC` puts before its -c sources: the shipped benchmark config for a
+    dataset name or a file of SWE-bench instances, nothing for other task lists."""
+    from miniswe.errors import MinisweError
+
+    if dataset_name(spec) is not None:
+        return [benchmark_path()]
+    try:
+        tasks = load_tasks(spec).tasks
+    except MinisweError:
+        return []  # the batch itself reports what is wrong with the file
+    return [benchmark_path()] if tasks and all(task.swebench for task in tasks) else []

@@ -65,16 +65,18 @@ def grade_patch(instance: dict[str, Any], patch: str | None, environment: Any, *
                 timeout: float = TIMEOUT_S, model: str = "miniswe", stop: Any = None) -> dict[str, Any]:
     """Grade `patch` for `instance` in a fresh container; the grade as the ledger records it. Writes the patch,
     the eval script, the test log and the harness's report into `folder`. Never raises for a failed grading."""
-    started = time.monotonic()
+    started, began = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     os.makedirs(folder, exist_ok=True)
     try:
         status, detail, tests = _grade(instance, patch, environment, run_id=run_id, folder=folder, timeout=timeout,
                                        model=model, stop=stop)
+    except _Stopped as error:
+        status, detail, tests = "interrupted", str(error), None
     except MinisweError as error:
         status, detail, tests = "error", str(error), None
     grade = {
         "status": status, "resolved": VERDICTS.get(status), "detail": detail, "tests": tests,
-        "wall_s": round(time.monotonic() - started, 3), "harness": harness_version(),
+        "started": began, "wall_s": round(time.monotonic() - started, 3), "harness": harness_version(),
         "log": os.path.join(os.path.basename(os.path.dirname(os.path.abspath(folder))), GRADE_DIR, "test_output.txt"),
     }
     _write(os.path.join(folder, "grade.json"), json.dumps(grade, indent=2) + "\n")
