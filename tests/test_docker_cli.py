@@ -380,7 +380,7 @@ def test_a_command_that_destroys_its_own_container_is_named_in_the_outcome(runs,
     assert proc.returncode == 1, proc.err  # the agent's outcome, not an infrastructure failure: no rerun on resume
     lines = stderr_lines(proc.err)
     assert len(lines) == 1 and "the run's own command broke container" in lines[0], proc.err
-    assert "command 2 (the previous one)" in lines[0]
+    assert "command 2 (the previous one, `rm -rf" in lines[0]
     data = runs.traj(proc)
     assert data["exit_status"] == "SandboxDestroyed" and "the run's own command broke" in data["exit_detail"]
     assert_gone(proc)

@@ -270,7 +270,7 @@ def test_a_command_that_destroys_its_own_container_is_named(fresh, mode, no_pyth
     with pytest.raises(SandboxError) as caught:
         env.execute("true", timeout=10)
     message = str(caught.value)
-    assert message.startswith("the run's own command broke container ") and "command 2 (the previous one)" in message
+    assert message.startswith("the run's own command broke container ") and "command 2 (the previous one, `rm -rf" in message
     assert caught.value.by_agent_command == 2 and "\n" not in message
     with pytest.raises(SandboxError, match="the run's own command broke"):  # the same, at once
         env.execute("true", timeout=10)
@@ -522,8 +522,15 @@ def test_an_image_without_python3_falls_back_with_a_notice(fresh, exe, monkeypat
 def test_in_the_fallback_kill_9_minus_1_ends_the_container_and_says_how(fresh, no_python_image):
     env = fresh(image=no_python_image)
     result = env.execute("echo before; kill -9 -1; sleep 5", timeout=20)
-    assert result.output.startswith("before\n") and "is gone" in result.sandbox_error
-    assert "kill -9 -1" in result.sandbox_error
+    # the command's own doing (no kill from outside on the engine's record): named, and not an infrastructure failure
+    assert result.output.startswith("before\n") and result.by_agent_command == 1
+    message = result.sandbox_error
+    assert message.startswith("the run's own command broke container ") and "\n" not in message
+    assert "command 1 (`echo before; kill -9 -1; sleep 5`) was running when the container died" in message
+    assert "`kill -9 -1` ends it" in message
+    with pytest.raises(SandboxError, match="the run's own command broke") as caught:
+        env.execute("true", timeout=10)
+    assert caught.value.by_agent_command == 1
 
 
 def test_in_the_fallback_the_watchdog_killed_by_pid_does_not_cut_the_step(fresh, no_python_image):

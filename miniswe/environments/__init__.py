@@ -42,6 +42,7 @@ class CommandResult:
     elided_chars: int = 0  # how much of the middle was dropped to keep memory bounded
     interrupted: bool = False  # cut short by interrupt() (a stop request), not by its timeout
     sandbox_error: str | None = None  # the sandbox died under the command: why (the run cannot go on)
+    by_agent_command: int | None = None  # with sandbox_error: the run's own command (this one, by number) broke it
 
 
 class Environment(Protocol):

@@ -28,7 +28,19 @@ def owner_labels(run_id: str) -> dict[str, str]:
         f"{LABEL}.host": socket.gethostname(),
         f"{LABEL}.pid": str(os.getpid()),
         f"{LABEL}.pid_start": process_start(os.getpid()) or "",
+        f"{LABEL}.pidns": pid_namespace(),
     }
+
+
+def pid_namespace() -> str:
+    """Where a pid means this process: the machine's boot and this PID namespace ("" where unknown). A pid from
+    another namespace (a run under `unshare --pid`, in another container sharing the engine) names some other
+    process here, so only owners in the same one can be judged alive or dead."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return f"{boot.read().strip()}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
 
 
 def engine_call(exe: str, *args: str, timeout: float = ENGINE_CALL_S, stop: Stop | None = None) -> subprocess.CompletedProcess:
@@ -105,7 +117,8 @@ def find_orphans(executable: str = "docker", all: bool = False) -> list[dict[str
     """miniswe's containers whose owner process is gone (every one with `all`), oldest first.
 
     Owner alive means: same host label, and a process with that pid whose start time matches `miniswe.pid_start`.
-    Containers from another host are only listed with `all`, since their owner cannot be checked from here.
+    Containers from another host, or from another PID namespace or boot of this one (`miniswe.pidns`), are only
+    listed with `all`, since their owner cannot be checked from here.
     """
     exe = shutil.which(executable)
     if exe is None:
@@ -116,12 +129,13 @@ def find_orphans(executable: str = "docker", all: bool = False) -> list[dict[str
         return []
     # a container removed between ps and inspect just drops out of the list
     inspected = _listing(exe, "inspect", *ids)
-    host = socket.gethostname()
+    host, namespace = socket.gethostname(), pid_namespace()
     found = []
     for item in json.loads(inspected.stdout or "[]"):
         labels = item.get("Config", {}).get("Labels") or {}
         owner = {k.removeprefix(f"{LABEL}."): v for k, v in labels.items() if k.startswith(f"{LABEL}.")}
-        if not all and (owner.get("host") != host or _owner_alive(owner.get("pid", ""), owner.get("pid_start", ""))):
+        elsewhere = owner.get("host") != host or owner.get("pidns", namespace) != namespace  # no label: an older miniswe's
+        if not all and (elsewhere or _owner_alive(owner.get("pid", ""), owner.get("pid_start", ""))):
             continue
         found.append(
             {
@@ -155,6 +169,10 @@ def remove_containers(ids: list[str], executable: str = "docker") -> list[str]:
     exe = shutil.which(executable)
     if exe is None or not ids:
         return []
+    if "podman" in os.path.basename(exe):
+        # podman records no event for `rm -f`: a kill first tells a live run's miniswe it was killed from outside,
+        # not by its own command (see DockerEnvironment._ended)
+        subprocess.run([exe, "kill", *ids], stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     return remove(exe, ids)
 
 

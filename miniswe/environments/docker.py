@@ -10,6 +10,7 @@ Images without python3 fall back to one `docker exec` per command (docker_exec.p
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -63,8 +65,11 @@ class DockerConfig(EnvironmentConfig):
 # Containers not yet closed, removed at interpreter exit: name -> (executable, creating pid). The pid keeps
 # a forked child's exit from removing its parent's containers.
 _LIVE: dict[str, tuple[str, int]] = {}
-# Images found unable to run the executor, so a batch does not try each time: (executable, image id) -> why.
-_NO_EXECUTOR: dict[tuple[str, str], str] = {}
+# Images found unable to run the executor, so a batch does not try each time: (executable, image id, run_args)
+# -> why. Only on evidence (no python3, one too old or that fails on the executor's source, hardening that a
+# command could undo): a start killed from outside is tried again instead, never cached.
+_NO_EXECUTOR: dict[tuple[str, str, tuple[str, ...]], str] = {}
+START_TRIES = 3  # starts of the executor's container before a run gives up (each killed from outside)
 
 
 class DockerEnvironment:
@@ -115,7 +120,10 @@ class DockerEnvironment:
         self.mode = ""  # "executor" or "exec" once started
         self._runner: Resident | ExecPerStep | None = None
         self._gone: str | None = None
-        self._commands = 0  # commands that ran to an end (a result without a sandbox error)
+        self._gone_by: int | None = None  # the number of the run's command that broke the container, if one did
+        self._death: str | None = None  # how the main process died, when nothing from outside killed it
+        self._last: tuple[int, str] | None = None  # the latest command sent: its number and text
+        self._started_at: str | None = None  # the container's start time, as the engine gives it
         self._started = time.monotonic()
         self._started_wall = time.time()
         _LIVE[self.name] = (self.exe, os.getpid())
@@ -146,17 +154,18 @@ class DockerEnvironment:
                 f"image {cfg.image} is not present and environment.pull is 'never'; build or load it "
                 "(docker build / docker load) or set environment.pull: missing"
             )
-        key = (self.exe, present.stdout.strip() or cfg.image)
+        key = (self.exe, present.stdout.strip() or cfg.image, tuple(self.run_args.args))
         why = _NO_EXECUTOR.get(key)
         if why is None:
             why = self._start_executor()
             if why is None:
                 return
             _NO_EXECUTOR[key] = why
-        self.notices.append(
-            f"image {cfg.image} {why}: each command runs through its own `{self.tool} exec` instead of miniswe's "
-            "executor (about 80 ms more per step, and commands can see and signal miniswe's wrapper)"
-        )
+        notice = (f"image {cfg.image} {why}: each command runs through its own `{self.tool} exec` instead of miniswe's "
+                  "executor (about 80 ms more per step, and commands can see and signal miniswe's wrapper)")
+        self.notices.append(notice)
+        # never a silent downgrade: stderr hears of it even in a batch or with -q (the trajectory keeps it too)
+        print(f"miniswe: warning: {notice}", file=sys.stderr, flush=True)
         self._start_exec(why)
 
     def _container_args(self) -> list[str]:
@@ -173,7 +182,22 @@ class DockerEnvironment:
         ]  # fmt: skip
 
     def _start_executor(self) -> str | None:
-        """Start the container with the executor as its main process; why it cannot (to fall back), or None."""
+        """Start the container with the executor as its main process; why it cannot (to fall back), or None.
+        A start that fails without saying why (the container killed while it started) is tried again."""
+        for _ in range(START_TRIES):
+            failed = self._try_executor()
+            if failed is None:
+                return None
+            why = self._refused(failed)
+            if why is not None:
+                return why
+            remove(self.exe, [self.name])  # its --rm may still be at work: the name is needed again
+        code = failed.returncode
+        how = f"killed by signal {code - 128}" if code is not None and code > 128 else f"exit {code}"
+        raise SandboxError(f"container {self.name} ended while it started, {START_TRIES} times ({how}: killed from "
+                           f"outside?); the run cannot start")
+
+    def _try_executor(self) -> StartFailed | None:
         cfg = self.config
         argv = [
             self.exe, "run", "-i", "--sig-proxy=false", "--log-driver", "none", *self._container_args(),
@@ -194,11 +218,16 @@ class DockerEnvironment:
         except StartFailed as failed:
             resident.close()
             self._runner = None
-            return self._refused(failed)
+            return failed
         except BaseException:
             resident.close()
             self._runner = None
             raise
+        if hello.get("exposed"):
+            # a command could read and write the executor's stream (forge a command's end, its exit code): its
+            # python3 could not be hardened (no ctypes, not root, ...). Never run commands that way.
+            self._drop_runner()
+            return StartFailed(None, "", exposed=True)
         if not hello.get("bash"):
             raise SandboxError(f"image {cfg.image} has no bash; miniswe runs every command with `bash -c`: use an image with bash")
         if hello.get("cwd"):
@@ -206,12 +235,27 @@ class DockerEnvironment:
                 f"environment.cwd: {cfg.cwd} {hello['cwd']} in image {cfg.image}; create it in the image "
                 "or set environment.cwd"
             )
+        # when it started: a `docker restart` keeps the name and the attached client, not the executor
+        try:
+            self._started_at = self._state().get("started")
+        except SandboxError:  # the engine is slow to answer: the restart goes unnoticed by its start time only
+            pass
         self.mode = "executor"
         return None
 
-    def _refused(self, failed: StartFailed) -> str:
-        """Why the executor did not start, as a fallback reason; SandboxError when the container itself was refused."""
+    def _drop_runner(self) -> None:
+        runner, self._runner = self._runner, None
+        remove(self.exe, [self.name])
+        if runner is not None:
+            runner.close()
+
+    def _refused(self, failed: StartFailed) -> str | None:
+        """Why the executor cannot run in this image (to fall back), on evidence; None when the start should be
+        tried again; SandboxError when the container itself was refused."""
         stderr, code = failed.stderr, failed.returncode
+        if failed.exposed:
+            return ("has a python3 under which miniswe's executor cannot keep commands away from its stream "
+                    "(a command could forge its results)")
         if "is already in use" in stderr:
             # that container belongs to another run: forget it, so close() does not remove it
             _LIVE.pop(self.name, None)
@@ -228,7 +272,11 @@ class DockerEnvironment:
             raise SandboxError(self._run_problem(stderr))
         remove(self.exe, [self.name])
         last = (stderr.strip().splitlines() or [f"exit {code}"])[-1].strip()
-        return f"has a python3 that cannot run miniswe's executor ({last[:120]})"
+        if code == 4 and "miniswe-executor:" in stderr:
+            return f"has {last.removeprefix('miniswe-executor: ')}, too old for miniswe's executor"
+        if "Traceback" in stderr:  # its python3 failed on the executor's source
+            return f"has a python3 that cannot run miniswe's executor ({last[:120]})"
+        return None  # killed by a signal or ended without a word: not the image's fault, try again
 
     def _start_exec(self, why: str) -> None:
         """The fallback: a bash loop as main process (with --init to reap), one `exec` per command."""
@@ -283,50 +331,82 @@ class DockerEnvironment:
         if self.container is None or self._runner is None:
             raise SandboxError("the docker environment is closed")
         if self._gone:
-            raise SandboxError(self._gone)
+            raise self._error(self._gone)
+        previous, self._last = self._last, ((self._last[0] if self._last else 0) + 1, command)
         try:
             result = self._runner.execute(command, timeout)
-        except SandboxError as error:
-            raise self._wrecked(error) from None
+        except SandboxError as error:  # nothing ran: the previous command may have broken the container
+            raise self._wrecked(error, previous) from None
+        if result.sandbox_error and self._death:
+            # the main process died under this command, and nothing from outside killed it: the command did
+            result = dataclasses.replace(result, sandbox_error=self._blame(self._last, f"was running when {self._death}"),
+                                         by_agent_command=self._last[0])
         if result.sandbox_error:
             self._gone = result.sandbox_error
-        elif not result.interrupted:
-            self._commands += 1
         return result
 
-    def _wrecked(self, error: SandboxError) -> SandboxError:
-        """bash cannot start in a container that still runs, after a command of this run ran there: that
-        command (the previous one; nothing it started outlives a step) broke the container, not the machinery.
-        The error then says so and carries `by_agent_command` (its number among this environment's commands)."""
-        if not self._commands or self._gone:
+    def _error(self, message: str) -> SandboxError:
+        error = SandboxError(message)
+        if self._gone_by:
+            error.by_agent_command = self._gone_by  # type: ignore[attr-defined]  (see status.outcome_of)
+        return error
+
+    def _blame(self, culprit: tuple[int, str], what: str, *, previous: bool = False) -> str:
+        """The message of a container the run's own command broke; from now on every step raises it."""
+        number, command = culprit
+        lines = command.strip().splitlines() or [""]
+        shown = lines[0][:80] + (" …" if len(lines) > 1 or len(lines[0]) > 80 else "")
+        self._gone_by = number
+        which = f"the previous one, `{shown}`" if previous else f"`{shown}`"
+        self._gone = (f"the run's own command broke container {self.name}: command {number} ({which}) {what}; "
+                      "the run cannot continue, and running the task again would only repeat it")
+        return self._gone
+
+    def _wrecked(self, error: SandboxError, previous: tuple[int, str] | None) -> SandboxError:
+        """Nothing could start in a container that was fine before `previous`, a command of this run, ran there:
+        its main process died after it with nothing from outside to blame, or it still runs but cannot start
+        bash (a removed cwd or bash, a lowered limit: nothing a command starts outlives its step). That command
+        broke the container, not the machinery: the error says so and carries `by_agent_command`."""
+        if previous is None:
             return error
+        if self._death:
+            return self._error(self._blame(previous, f"ran, then {self._death}", previous=True))
+        if self._gone:
+            return error
+        problem = getattr(error, "problem", None) or {}
         if self.mode == "executor":
-            broken = (getattr(error, "problem", None) or {}).get("what") in ("exec", "cwd")
+            broken = bool(problem)  # any start problem: bash, the cwd, descriptors, memory, fork
         else:
-            text = str(error)
-            broken = text.startswith((f"{self.tool} exec failed", "cannot start bash in the working directory"))
+            broken = str(error).startswith((f"{self.tool} exec failed", "cannot start bash in the working directory"))
         if not broken:
             return error
-        n = self._commands
-        problem = getattr(error, "problem", None) or {}
-        since = f"since command {n} (the previous one) ran"
         if problem.get("what") == "cwd":
-            what = (f"cannot start bash in the working directory {problem.get('path', '')} {since} "
-                    f"({problem.get('message', '')}: a command removed or replaced it)")
+            why = (f"cannot start bash in the working directory {problem.get('path', '')} "
+                   f"({problem.get('message', '')}: a command removed or replaced it)")
         elif problem:
-            what = f"bash cannot start there {since} ({problem.get('message', '')}: a command removed or broke it)"
+            why = f"bash cannot start there ({problem.get('what')}: {problem.get('message', '')})"
         else:
-            what = f"bash cannot start there {since} ({str(error).removesuffix('; the run cannot continue')})"
-        wrecked = SandboxError(f"the run's own command broke container {self.name}: {what}; the run cannot continue, "
-                               "and running the task again would only repeat it")
-        wrecked.by_agent_command = n  # type: ignore[attr-defined]
-        self._gone = str(wrecked)
-        return wrecked
+            why = f"bash cannot start there ({str(error).removesuffix('; the run cannot continue')})"
+        return self._error(self._blame(previous, f"ran, and since then {why}", previous=True))
 
     def interrupt(self) -> None:
         runner = self._runner
         if runner is not None:
             runner.interrupt()
+
+    def _state(self) -> dict[str, str]:
+        """The container as the engine sees it: status, oom, code, pid, started; {"missing": ...} once removed;
+        {"error": ...} when the engine answers with an error. SandboxError when it does not answer at all."""
+        state = engine_call(self.exe, "inspect", "--format",
+                            "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.Pid}} {{.State.StartedAt}}",
+                            self.name, timeout=15)
+        if state.returncode:
+            lowered = state.stderr.lower()
+            if "no such" in lowered or "no container with" in lowered:
+                return {"missing": "yes"}
+            return {"error": first_line(state.stderr)}
+        fields = state.stdout.strip().split(" ", 4)
+        return dict(zip(("status", "oom", "code", "pid", "started"), fields))
 
     def _gone_reason(self, settle: bool = True) -> str | None:
         """Why the container can no longer run commands, or None while it is running. `settle`: the engine
@@ -336,45 +416,72 @@ class DockerEnvironment:
         for attempt in range(4 if settle else 1):
             time.sleep(0.1 * attempt)
             try:
-                state = engine_call(self.exe, "inspect", "--format",
-                                    "{{.State.Status}} {{.State.OOMKilled}} {{.State.ExitCode}} {{.State.Pid}}",
-                                    self.name, timeout=15)
+                state = self._state()
             except SandboxError as error:  # the engine did not answer at all
                 self._gone = self._engine_lost(str(error))
                 return self._gone
-            status = state.stdout.split()
-            if state.returncode or not status or status[0] != "running":
+            if state.get("status") != "running":
                 break
         else:
-            stopped = self._executor_stopped(status[3] if len(status) > 3 else "")
+            if self._started_at and state.get("started") != self._started_at:
+                # the attached client survives a restart, but the executor it talked to does not
+                self._gone = self._restarted()
+                return self._gone
+            stopped = self._executor_stopped(state.get("pid", ""))
             if stopped:
                 self._gone = stopped
             return stopped
-        name = self.name
-        client = None if status[:1] == ["paused"] else self._client_killed()
+        client = None if state.get("status") == "paused" else self._client_killed()
         if client:
             self._gone = client
-        elif state.returncode and ("no such" in state.stderr.lower() or "no container with" in state.stderr.lower()):
-            lived = time.monotonic() - self._started
-            if lived >= self.config.container_lifetime - 1:
-                how = f"it reached environment.container_lifetime ({self.config.container_lifetime:g}s) and removed itself"
-            else:
-                how = self._how_removed()
-            self._gone = (f"container {name} {how}; the run cannot continue" if how.startswith("was ")
-                          else f"container {name} is gone ({how}); the run cannot continue")
-        elif state.returncode:
-            self._gone = self._engine_lost(first_line(state.stderr))
-        elif status[0] == "paused":
-            self._gone = f"container {name} was paused (`{self.tool} pause`) under the run; the run cannot continue"
-        elif status[1:2] == ["true"]:
-            self._gone = (f"container {name} is gone (killed for lack of memory; raise environment.memory); "
-                          "the run cannot continue")
+        elif "error" in state:
+            self._gone = self._engine_lost(state["error"])
+        elif state.get("status") == "paused":
+            self._gone = f"container {self.name} was paused (`{self.tool} pause`) under the run; the run cannot continue"
         else:
-            code = status[2] if len(status) > 2 else "?"
-            also = " or by a command (`kill -9 -1` ends it in exec-per-step mode)" if self.mode == "exec" else ""
-            self._gone = (f"container {name} is gone ({status[0]}, exit code {code}: stopped or killed from outside{also}); "
-                          "the run cannot continue")
+            self._gone = self._ended(state)
         return self._gone
+
+    def _restarted(self) -> str:
+        return (f"container {self.name} was restarted from outside (`{self.tool} restart`) while the run was using it: "
+                "miniswe's executor and everything the run started there are gone; the run cannot continue")
+
+    def _ended(self, state: dict[str, str]) -> str:
+        """The container's main process ended (it may be removed already): why, as the engine tells. With no
+        kill, stop or restart from outside on record, a death by a signal (the kernel's OOM killer, a CPU limit)
+        is the run's own doing: recorded in `_death`, for execute() to name the command."""
+        name = self.name
+        signals, actions, died = self._events()
+        code = state.get("code") or died
+        if "restart" in actions:
+            return self._restarted()
+        if "kill" in actions or "stop" in actions:
+            which = " then ".join(dict.fromkeys(signals))
+            by = f" by signal {which}" if which else ""
+            return (f"container {name} was killed from outside{by} (`{self.tool} kill`, `{self.tool} stop`, or "
+                    f"`{self.tool} rm -f` which kills first; the engine records them alike) while the run was using it, "
+                    "and is gone; the run cannot continue")
+        if "missing" in state and time.monotonic() - self._started >= self.config.container_lifetime - 1:
+            return (f"container {name} is gone (it reached environment.container_lifetime "
+                    f"({self.config.container_lifetime:g}s) and removed itself); the run cannot continue")
+        oom = state.get("oom") == "true" or "oom" in actions
+        signal_number = int(code) - 128 if code and code.isdigit() and int(code) > 128 else None
+        if (oom or signal_number) and self._last is not None:
+            how = "for lack of memory" if oom else f"by signal {signal_number}"
+            if self.mode == "executor":
+                self._death = (f"the container died: the kernel killed miniswe's executor, its main process, {how} "
+                               f"(the engine recorded no kill, stop or restart from outside)")
+            else:
+                self._death = (f"the container died: its main process was killed {how} (`kill -9 -1` ends it in "
+                               "exec-per-step mode; the engine recorded no kill, stop or restart from outside)")
+        if oom:
+            return f"container {name} is gone (killed for lack of memory; raise environment.memory); the run cannot continue"
+        if "missing" in state:
+            if code is not None:
+                return f"container {name} is gone (its main process ended, exit code {code}, and it was removed); the run cannot continue"
+            return f"container {name} is gone (removed from outside while the run was using it); the run cannot continue"
+        return (f"container {name} is gone ({state.get('status')}, exit code {code}: its main process ended); "
+                "the run cannot continue")
 
     def _client_killed(self) -> str | None:
         """miniswe's own `run -i` client ended by a signal (SIGKILL from someone on this host): the executor
@@ -395,9 +502,11 @@ class DockerEnvironment:
         return (f"miniswe's attached `{self.tool} run -i` client of container {self.name} (pid {runner.proc.pid}) was "
                 f"killed from outside ({sig}); the container ended with it; the run cannot continue")
 
-    def _how_removed(self) -> str:
-        """Removed under the run: the engine's recent events tell a kill (`docker kill`, or `docker rm -f`,
-        which kills first: the engine records both alike) from a main process that ended on its own."""
+    def _events(self) -> tuple[list[str], set[str], str | None]:
+        """What the engine recorded for this container since the run started: the signals of its kill events,
+        every action (kill, stop, restart, oom, die...), and the exit code of its death, if any. Docker records
+        a kill for `docker kill`, `stop`, `restart` and `rm -f`; podman records `kill` and `restart`, but for
+        `podman stop` or `rm -f` only the death."""
         try:
             if self.tool == "podman":  # reads no fractional timestamps; a duration and no stream instead
                 span = ["--since", f"{int(time.time() - self._started_wall) + 2}s", "--stream=false"]
@@ -407,7 +516,7 @@ class DockerEnvironment:
                                 "--format", "{{json .}}", timeout=5)
         except SandboxError:
             found = None
-        signals, code = [], None
+        signals, actions, code = [], set(), None
         for line in (found.stdout.splitlines() if found is not None and not found.returncode else []):
             try:
                 event = json.loads(line)
@@ -415,22 +524,13 @@ class DockerEnvironment:
                 continue
             action = str(event.get("Action") or event.get("Status") or event.get("status") or "").lower()
             attributes = (event.get("Actor") or {}).get("Attributes") or event.get("Attributes") or {}
-            if action == "kill":
-                signals.append(str(attributes.get("signal") or "?"))
+            actions.add(action)
+            if action == "kill" and attributes.get("signal"):  # podman names no signal
+                signals.append(str(attributes["signal"]))
             elif action in ("die", "died"):
                 code = attributes.get("exitCode", event.get("ContainerExitCode"))
-        killed = bool(signals)
-        signals = [number for number in signals if number != "?"]  # podman names no signal
-        if not signals and code is not None and str(code).isdigit() and int(code) > 128:
-            signals = [str(int(code) - 128)]  # died of a signal, not sent by itself (podman's rm -f records no kill)
-        if killed or signals:
-            which = " then ".join(dict.fromkeys(signals))
-            by = f" by signal {which}" if which else ""
-            return (f"was killed from outside{by} (`{self.tool} kill`, or `{self.tool} rm -f` which kills first; "
-                    "the engine records both alike) while the run was using it, and is gone")
-        if code is not None:
-            return f"its main process ended (exit code {code}) and it was removed"
-        return "removed from outside while the run was using it"
+                code = None if code is None else str(code)
+        return signals, actions, code
 
     def _executor_stopped(self, pid: str) -> str | None:
         """The engine says "running", but the executor may be stopped (SIGSTOP from this host): its heartbeats

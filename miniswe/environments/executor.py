@@ -31,7 +31,7 @@ CONFIG = b"C"  # JSON: env (overrides), cwd, capture_limit, lifetime, heartbeat
 RUN = b"R"  # JSON header line {"timeout": s}, b"\n", then the command's bytes
 KILL = b"K"  # kill the running command now (an interrupt)
 # executor -> host
-HELLO = b"H"  # JSON: pid, python, bash (path or null), cwd (problem or null)
+HELLO = b"H"  # JSON: pid, python, bash (path or null), cwd (problem or null), exposed (see _exposed)
 STARTED = b"S"  # JSON: pid of the command's shell
 OUTPUT = b"O"  # bytes the command printed (stdout and stderr merged)
 DROPPED = b"D"  # 8-byte count of bytes elided from the middle (see Output)
@@ -51,7 +51,10 @@ DRAIN_S = 1.0  # after the sweep, how long the rest of the output may take to ar
 
 BOOT = (
     "# miniswe's executor: runs this container's commands\n"
-    "import os\n"
+    "import os, sys\n"
+    "if sys.version_info < (3, 6):\n"  # the one failure that says "this python3 cannot run it" (exit 4)
+    " sys.stderr.write('miniswe-executor: python ' + sys.version.split()[0] + ' is older than 3.6\\n')\n"
+    " raise SystemExit(4)\n"
     "def r(n):\n"
     " b=b''\n"
     " while len(b)<n:\n"
@@ -166,6 +169,7 @@ class Executor:
         for fd in (0, 1, self.wake_r, self.wake_w):
             os.set_blocking(fd, False)
         self.host_gone = False
+        self.exposed = False  # a command could reach this process's stream (see _exposed)
 
     # -- frames ----------------------------------------------------------------------------------------
     def send(self, kind, payload=b""):
@@ -227,6 +231,14 @@ class Executor:
         so a fork bomb cannot outrun the scan), then kill it. Touches nothing that is not a descendant."""
         if not self.reap():
             return
+        try:
+            self._sweep()
+        except OSError:  # no descriptor left to read /proc (a lowered open-file limit)
+            if self.pid == 1:
+                _signal(-1, signal.SIGKILL)  # from a namespace's init: every other process in it
+            self.reap()
+
+    def _sweep(self):
         stopped = set()
         for _ in range(SCAN_ROUNDS):
             fresh = [pid for pid in self.descendants() if pid not in stopped]
@@ -255,6 +267,7 @@ class Executor:
             cwd_problem = "not a directory" if os.path.exists(self.cwd) else "does not exist"
         self.send_json(HELLO, {
             "pid": self.pid, "python": sys.version.split()[0], "bash": self.bash, "cwd": cwd_problem,
+            "exposed": self.exposed,
         })  # fmt: skip
 
     def start(self, payload):
@@ -303,6 +316,7 @@ class Executor:
         """In the forked child: become a session leader with the pipe as stdout and stderr, then bash."""
         what = "setup"
         try:
+            _as_command()
             os.setsid()
             os.dup2(self.devnull, 0)
             os.dup2(out_w, 1)
@@ -314,7 +328,9 @@ class Executor:
             for number in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT):
                 signal.signal(number, signal.SIG_DFL)  # ignored signals would stay ignored across exec
             signal.set_wakeup_fd(-1)
-            _write_file("/proc/self/oom_score_adj", b"500")  # under memory pressure, commands die before PID 1
+            # under memory pressure commands die before PID 1; at the maximum, even a PID 1 whose score a
+            # command raised (`echo 1000 > /proc/1/oom_score_adj`) is only picked when it is the biggest
+            _write_file("/proc/self/oom_score_adj", b"1000")
             what = "cwd"
             os.chdir(self.cwd)
             what = "exec"
@@ -544,39 +560,89 @@ def _which(name, path):
 
 
 def _harden():
-    """Signals and process attributes that keep the executor alive and in charge."""
+    """Signals and process attributes that keep the executor alive and in charge. Every step has a way
+    without ctypes (a python3 built without libffi lacks it); _exposed then checks the result."""
     # Python's own SIGINT handler would make `kill -INT 1` from a command land; a default disposition
     # is ignored by a namespace's init.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, lambda number, frame: None)  # wakes select through the wakeup fd
     try:
+        _rename()  # first: once not dumpable, a non-root process may no longer write its own /proc files
+    except OSError:
+        pass
+    try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come back here even when not PID 1
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace or /proc/1/mem for the commands
-        _rename(ctypes, libc)
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, /proc/1/mem or /proc/1/fd for the commands
     except Exception:
+        pass
+    # A saved gid that differs from the real one: the kernel lets a process prlimit, ptrace or open the
+    # descriptors of another of its user only when the caller's gid equals all of the target's gids, so a
+    # command (without CAP_SYS_RESOURCE or CAP_SYS_PTRACE, as in a default container) cannot lower PID 1's
+    # limits (`prlimit --pid 1 --nofile=4:4`) or reach its stream. Changing the effective gid on the way
+    # also makes this process non-dumpable, as PR_SET_DUMPABLE does. Commands get the plain gids back.
+    gid = os.getgid()
+    spare = 65534 if gid != 65534 else 65533
+    try:
+        os.setresgid(gid, spare, spare)
+        os.setresgid(gid, gid, spare)
+    except OSError:  # not root: prctl alone, if there was ctypes
         pass
 
 
-def _rename(ctypes, libc):
+def _as_command():
+    """In a child that runs a command: a command's plain gids (see _harden)."""
+    gid = os.getgid()
+    try:
+        os.setresgid(gid, gid, gid)
+    except OSError:
+        pass
+
+
+def _exposed(pid):
+    """Whether a command could reach this process's stream to the host (read its descriptors, so also write
+    frames into it), tried from a child with a command's credentials. The host refuses such an executor."""
+    child = os.fork()
+    if child == 0:
+        code = 0
+        try:
+            _as_command()
+            os.readlink("/proc/%d/fd/1" % pid)  # needs the same access as opening it
+            code = 1
+        except OSError:
+            pass
+        finally:
+            os._exit(code)
+    while True:
+        try:
+            return os.waitpid(child, 0)[1] != 0
+        except InterruptedError:
+            continue
+
+
+def _rename():
     """Show as NAME, not as `python3 ... import os ...`: a command's `pkill python3`, `pgrep -f import` or
-    `killall python3` must find no process of miniswe's. The name (comm) by prctl; the command line by
-    overwriting the argv area in place (what /proc/PID/cmdline reads), as setproctitle does."""
-    libc.prctl(15, ctypes.c_char_p(NAME), 0, 0, 0)  # PR_SET_NAME: comm, cut to 15 bytes by the kernel
+    `killall python3` must find no process of miniswe's. The name (comm) through /proc/self/comm; the
+    command line by overwriting the argv area in place (what /proc/PID/cmdline reads), as setproctitle does,
+    through /proc/self/mem (no ctypes needed)."""
+    with open("/proc/self/comm", "wb") as comm:
+        comm.write(NAME[:15])  # the kernel keeps 15 bytes
     with open("/proc/self/stat", "rb") as stat:
         raw = stat.read()
     fields = raw[raw.rfind(b")") + 2 :].split()  # fields from the 3rd (state) on
     start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49)
     if end - start > len(NAME):
-        ctypes.memset(start, 0, end - start)
-        ctypes.memmove(start, NAME, len(NAME))
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(NAME + b"\0" * (end - start - len(NAME)))
 
 
 def main():
     _harden()
     executor = Executor()
+    executor.exposed = _exposed(executor.pid)
     signal.set_wakeup_fd(executor.wake_w)
     try:
         executor.serve()

@@ -43,12 +43,14 @@ STDERR_KEPT = 4096
 
 class StartFailed(Exception):
     """The client ended before the executor said hello: the engine refused the container, or the image
-    cannot run the executor (no python3). Carries the client's exit code and stderr."""
+    cannot run the executor (no python3). Carries the client's exit code and stderr; `exposed`: the executor
+    started, but said a command could reach its stream (so it must not be used)."""
 
-    def __init__(self, returncode: int | None, stderr: str):
+    def __init__(self, returncode: int | None, stderr: str, *, exposed: bool = False):
         super().__init__(stderr)
         self.returncode = returncode
         self.stderr = stderr
+        self.exposed = exposed
 
 
 @cache
@@ -210,7 +212,8 @@ class Resident:
         self._read_stderr(final=True)
         stderr = self.stderr.decode("utf-8", "replace")
         last = (stderr.strip().splitlines() or [""])[-1].strip()
-        if "Traceback" in stderr:  # not the container's fault: say what failed in miniswe's own program
+        if "Traceback" in stderr and not (why and "restarted" in why):  # miniswe's own program failed: say what
+            # (after a restart, the traceback is from the image's own start reading miniswe's frames)
             return f"miniswe's executor in container {self.name} failed ({last}); the run cannot continue; please report it"
         if why:
             return why
