@@ -191,6 +191,9 @@ def test_container_is_labelled(shared):
     assert labels["miniswe.pid"] == str(os.getpid())
     assert labels["miniswe.run"] == shared.run_id and shared.name == f"miniswe-{shared.run_id}"
     assert labels["miniswe.pid_start"] == open(f"/proc/{os.getpid()}/stat").read().rpartition(")")[2].split()[19]
+    # where that pid means this process: this boot, this PID namespace (cleanup judges no other)
+    boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    assert labels["miniswe.pidns"] == f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
 
 
 def test_timeout_kills_everything_inside(shared):

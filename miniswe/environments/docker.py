@@ -273,7 +273,7 @@ class DockerEnvironment:
         remove(self.exe, [self.name])
         last = (stderr.strip().splitlines() or [f"exit {code}"])[-1].strip()
         if code == 4 and "miniswe-executor:" in stderr:
-            return f"has {last.removeprefix('miniswe-executor: ')}, too old for miniswe's executor"
+            return f"has a python3 too old for miniswe's executor ({last.removeprefix('miniswe-executor: ')})"
         if "Traceback" in stderr:  # its python3 failed on the executor's source
             return f"has a python3 that cannot run miniswe's executor ({last[:120]})"
         return None  # killed by a signal or ended without a word: not the image's fault, try again
