@@ -86,12 +86,19 @@ def run(
         if resume or fork:
             if task or task_file:
                 raise UsageError("--resume and --fork go on with the recorded task: give no task text")
+            if resume and fork:
+                raise UsageError("--resume TRAJ goes on in TRAJ, --fork TRAJ in a copy: give one of them")
+            if resume and (output or from_step is not None):
+                # a resume goes on in the recorded file itself, from its last step; -o or --from-step would be ignored
+                given = "-o" if output else "--from-step"
+                raise UsageError(f"--resume {resume} goes on in that file from its last step: give no {given} "
+                                 "(--fork TRAJ --from-step N -o NEW goes on in a copy)")
             from miniswe import resume as resuming
 
             services["on_check"] = lambda checked: display.notice(_checked_line(checked))
 
             def configure(recorded: dict):
-                return resolve_config(config, flags, base=recorded)
+                return resolve_config(config, flags, base=recorded, recorded_in=resume or fork)
 
             with SignalHandlers(stop, first_urgent=True):
                 result = (resuming.resume(resume, configure, force=force, **services) if resume else
@@ -237,7 +244,8 @@ def batch(
 ) -> None:
     """Run a task list in parallel, resumably.
 
-    Exit codes: 0 every task ended by the agent, 3 infrastructure failures, 2 bad input, 129/130/143 interrupted.
+    Exit codes: 0 every task ended by the agent, 1 a batch budget stopped the batch before every task ran (run it
+    again to run them), 2 bad input, 3 infrastructure failures, 129/130/143 interrupted.
     """
     from miniswe.errors import MinisweError
 
@@ -273,15 +281,22 @@ def replay(
     """
     from miniswe.errors import MinisweError, UsageError
 
+    held = None
     try:
+        if until is not None and until < 1:
+            raise UsageError(f"--until {until}: steps are numbered from 1; give 1 or more (without --until every "
+                             "step is checked)")
         from miniswe.output import add_secrets
         from miniswe.redaction import restore_secrets, run_secrets
         from miniswe.replay import replay_recording
         from miniswe.mini_swe_agent import load_any
         from miniswe.signals import SignalHandlers, Stop
+        from miniswe.trajectory import claim_file
 
+        # one process at a time: not beside the run itself, a resume of it, or another replay (see trajectory.py)
+        held = claim_file(trajectory)
         recording = load_any(trajectory)  # the reference implementation's runs replay too
-        cfg = resolve_config(config, {"cwd": cwd}, base=restore_secrets(recording.config))
+        cfg = resolve_config(config, {"cwd": cwd}, base=restore_secrets(recording.config), recorded_in=trajectory)
         from miniswe.runner import check_unmasked
 
         check_unmasked(cfg)  # commands must not run with the mask as a secret's value
@@ -292,10 +307,14 @@ def replay(
         secrets = run_secrets(cfg)
         add_secrets(secrets)
         if cfg.environment.kind == "local":
-            recorded = cfg.environment.cwd or recording.environment.get("cwd")
+            # where the recorded run worked, if it worked here: a container's directory means nothing on this host
+            ran = recording.environment.get("kind")
+            recorded = cfg.environment.cwd or (recording.environment.get("cwd") if ran == "local" else None)
             if not recorded:
-                raise UsageError(f"{trajectory}: the recording names no working directory, and its commands would run "
-                                 "here; pass --cwd DIR (a fresh copy of the repository, say) or -c environment.cwd=DIR")
+                why = "names no working directory" if ran in ("local", None, "unknown") else \
+                    f"ran elsewhere ({ran}), so it names no local working directory"
+                raise UsageError(f"{trajectory}: the recording {why}, and its commands would run here; pass --cwd DIR "
+                                 "(a fresh copy of the repository, say) or -c environment.cwd=DIR")
             where = os.path.abspath(recorded)
             cfg = override_cwd(cfg, where)
             print(f"miniswe: replaying in {where}: {_what_is_there(where, given=bool(cwd))}", file=sys.stderr)
@@ -314,6 +333,9 @@ def replay(
                                                  scrub=secrets.scrub)
     except MinisweError as error:
         fail(error)
+    finally:
+        if held is not None:
+            held.release()
     from miniswe.status import EXIT_DIVERGED, signal_exit_code
 
     if signals.signal_name:

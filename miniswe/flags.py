@@ -95,16 +95,42 @@ def flag_overrides(flags: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return sections
 
 
-def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, Any] | None = None) -> Any:
+def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, Any] | None = None, *,
+                   recorded_in: str = "") -> Any:
     """Defaults (or `base`, a recorded config), then -c sources, then flags. $OPENAI_BASE_URL and
     $MINISWE_MODEL fill what config leaves empty, for a model kind that has those settings. A local working
     directory given relative is made absolute here, against the shell it was typed in: a resumed run reads it
-    from the record, wherever it is resumed from."""
+    from the record, wherever it is resumed from.
+
+    Over a recorded config (resume, fork, replay), an agent, environment or model kind given now that is not the
+    recorded one replaces that whole section: the recorded kind's settings (a Docker image, an endpoint) mean
+    nothing to another kind, so only what is given now and the new kind's defaults apply. A setting the record
+    holds that this miniswe refuses is blamed on the record, `recorded_in` (its file)."""
     from miniswe.config import load_config, override
+    from miniswe.errors import ConfigError, TrajectoryError
 
     if flags.get("debug") and not os.environ.get("MINISWE_DEBUG"):
         os.environ["MINISWE_DEBUG"] = "1"  # in the environment, so batch workers and sub-processes log too
-    config = load_config(*([base] if base else []), *sources, flag_overrides(flags))
+    given = flag_overrides(flags)
+    if base:
+        base = replaced_kinds(base, sources, given)
+    try:
+        config = load_config(*([base] if base else []), *sources, given)
+    except ConfigError as error:
+        if not base:
+            raise
+        from miniswe.config import config_from_record
+
+        try:
+            config_from_record(base)
+        except ConfigError as own:
+            # the record alone is refused for the same setting: blame it, not the command line (load_config
+            # names every mapping source "command line")
+            if str(own).partition(": ")[2] == str(error).partition(": ")[2]:
+                where = f"{recorded_in}: " if recorded_in else ""
+                raise TrajectoryError(f"{where}{own} (the file is damaged, or was written by another miniswe "
+                                      "version: -c KEY=VALUE replaces a recorded setting)") from None
+        raise error from None
     from_env = {}
     for key, variable in (("base_url", "OPENAI_BASE_URL"), ("name", "MINISWE_MODEL")):
         if hasattr(config.model, key) and not getattr(config.model, key) and os.environ.get(variable):
@@ -114,3 +140,25 @@ def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, An
     if config.environment.kind == "local" and cwd and not os.path.isabs(cwd):
         changes["environment"] = {"cwd": os.path.abspath(cwd)}
     return override(config, **changes) if changes else config
+
+
+PLUGGABLE = ("agent", "environment", "model")
+
+
+def replaced_kinds(base: dict[str, Any], sources: list[str], given: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`base` without the sections whose kind the command line changes (see `resolve_config`)."""
+    from miniswe.config import PLUGGABLE as BASES, _read_source
+
+    kinds: dict[str, Any] = {}
+    for source in [*sources, given]:  # later sources win, as when they are merged
+        _, data = _read_source(source)
+        for section in PLUGGABLE:
+            values = data.get(section)
+            if isinstance(values, dict) and values.get("kind"):
+                kinds[section] = values["kind"]
+    def recorded(section: str) -> Any:
+        values = base.get(section)
+        return (values.get("kind") if isinstance(values, dict) else None) or BASES[section].model_fields["kind"].default
+
+    dropped = [section for section, kind in kinds.items() if kind != recorded(section)]
+    return {key: value for key, value in base.items() if key not in dropped} if dropped else base

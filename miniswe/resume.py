@@ -11,10 +11,10 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from miniswe.config import Config
+from miniswe.config import Config, config_from_record
 from miniswe.context import RunContext
 from miniswe.environments import Environment, environment_class
-from miniswe.errors import UsageError
+from miniswe.errors import TrajectoryError, UsageError
 from miniswe.redaction import Secrets, masked_config, restore_secrets
 from miniswe.replay import Checked, Divergence, rerun
 from miniswe.runner import RunResult, check_ready, drive
@@ -83,11 +83,29 @@ def recorded_config(trajectory: Trajectory, configure: Configure) -> Config:
     recorded = restore_secrets(trajectory.config)
     environment = recorded.get("environment") or {}
     where = trajectory.environment.get("cwd")
-    if environment.get("cwd") and not os.path.isabs(environment["cwd"]) and where and os.path.isabs(where):
+    cwd = environment.get("cwd")
+    if cwd and isinstance(cwd, str) and not os.path.isabs(cwd) and where and os.path.isabs(where):
         environment["cwd"] = where  # an older record's relative directory, as the run resolved it, not this shell
     config = configure(recorded)
-    check_ready(config, trajectory.task)
+    try:
+        check_ready(config, trajectory.task)
+    except UsageError as error:
+        raise blamed(error, trajectory, recorded) from None
     return config
+
+
+def blamed(error: UsageError, trajectory: Trajectory, recorded: dict[str, Any]) -> UsageError:
+    """`error`, naming the trajectory when its recorded config alone is refused the same way (a hook or a
+    templates folder it names that is not there now), rather than as if the command line had said it."""
+    try:
+        check_ready(config_from_record(recorded), trajectory.task)
+    except UsageError as own:
+        if str(own) == str(error):
+            return TrajectoryError(f"{trajectory.path}: the recorded config: {error} (-c KEY=VALUE replaces a "
+                                   "recorded setting)")
+    except Exception:  # the record alone fails otherwise (it needs what the command line gave): not its fault
+        pass
+    return error
 
 
 def changes(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> dict[str, list[Any]]:
@@ -108,7 +126,9 @@ def keeps_state(config: Config) -> bool:
 
 
 def resume(path: str, configure: Configure, *, force: bool, **services: Any) -> RunResult:
-    trajectory = load(path)
+    # claimed before it is read: a run still going, or another resume of it, is refused here, before any call
+    # or command, and what is read is what this process goes on from
+    trajectory = load(path, lock=True)
     if is_agent_outcome(trajectory.exit_status):
         raise UsageError(f"--resume {path}: the run ended as {trajectory.exit_status}, a verdict; nothing to resume "
                          "(--fork TRAJ --from-step N -o NEW tries another way from one of its steps)")

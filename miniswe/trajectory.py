@@ -7,9 +7,12 @@ than saving step 3. Nothing else writes a trajectory file.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -78,7 +81,7 @@ class Message:
     def from_dict(cls, data: dict[str, Any]) -> Message:
         calls = data.get("tool_calls")
         call_id = data.get("tool_call_id")
-        return cls(data.get("role", ""), data.get("content") or "", data.get("timestamp", ""), data.get("step"),
+        return cls(data.get("role") or "", data.get("content") or "", data.get("timestamp") or "", data.get("step"),
                    calls if isinstance(calls, list) and calls else None, call_id if isinstance(call_id, str) else None)
 
 
@@ -126,7 +129,9 @@ class Step:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Step:
-        known = {name: data[name] for name in _STEP_FIELDS if name in data}
+        # null where a value is expected (a foreign or hand-edited file): the field's default
+        known = {name: data[name] for name in _STEP_FIELDS
+                 if name in data and (data[name] is not None or name in _NULLABLE)}
         optional = {name: data[name] for name in _OPTIONAL_FIELDS if data.get(name)}
         usage = Usage.from_dict(data.get("usage"))
         step = cls(**known, **optional, usage=usage)
@@ -136,6 +141,7 @@ class Step:
 
 _OPTIONAL_FIELDS = ("tool_call", "children")
 _STEP_FIELDS = tuple(f.name for f in fields(Step) if f.name != "usage" and f.name not in _OPTIONAL_FIELDS)
+_NULLABLE = frozenset(f.name for f in fields(Step) if f.default is None)
 
 
 @dataclass(frozen=True)
@@ -194,6 +200,7 @@ class Trajectory:
         self._clock = time.monotonic()
         self._wall_before = 0.0  # wall time of the sessions before this one (a resumed run, a killed one's last save)
         self._file = SwapFile(path)
+        self._lock: RecordLock | None = None  # this process's claim on the file, from the first save to the run's end
 
     # -- the write API -------------------------------------------------------------------------------------
     def add_message(self, role: str, content: str, step: int | None = None, *,
@@ -260,8 +267,20 @@ class Trajectory:
 
     def relocate(self, path: str) -> None:
         """Save to `path` from now on (a chat session loaded from its file goes on in the autosave)."""
+        self.release()
         self.path = path
         self._file = SwapFile(path)
+
+    def hold(self, lock: RecordLock) -> None:
+        """Take over a claim on this trajectory's file made before it was read (`load(lock=True)`)."""
+        self.release()
+        self._lock = lock
+
+    def release(self) -> None:
+        """Let go of the file: another process may write it now (the run ended, or never started)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def copy_to(self, path: str) -> None:
         """Write the whole document to another file too, atomically (a chat session's /save)."""
@@ -337,9 +356,13 @@ class Trajectory:
         return {**self.header(), "messages": [m.to_dict() for m in self.messages], "steps": [s.to_dict() for s in self.steps]}
 
     # -- saving ----------------------------------------------------------------------------------------------
-    def save(self) -> None:
+    def save(self, *, claim: bool = True) -> None:
         """Replace the file with the whole document, atomically: never half a file on disk. A run not ended yet
-        records its wall time so far, so a run killed (kill -9, a lost machine) and resumed keeps it."""
+        records its wall time so far, so a run killed (kill -9, a lost machine) and resumed keeps it.
+
+        The first save claims the file for this process (`claim_file`): another process's save, resume or replay
+        of it is refused until the run ends, which lets go of it. InUse when another process holds it already.
+        `claim=False`: write over whoever holds it (a batch closing the record of a worker it gave up on)."""
         if self.ended is None:
             self.wall_s = round(self.wall_s_so_far(), 3)
         document = self._document()
@@ -347,10 +370,14 @@ class Trajectory:
             directory = os.path.dirname(os.path.abspath(self.path))
             if not os.path.isdir(directory):
                 os.makedirs(directory, exist_ok=True)
+            if self._lock is None and claim:
+                self._lock = claim_file(self.path)
             self._file.write(document)
         except OSError as error:
             raise RecordError(f"cannot save the trajectory {self.path}: {error.strerror or error}; "
                               "free some space or make its folder writable") from None
+        if self.ended is not None:
+            self.release()  # the run is over: nothing more is written until it goes on (a chat's next turn)
 
     def _document(self) -> bytes:
         head = self._encode(self.header())[:-1]
@@ -384,8 +411,9 @@ class Trajectory:
         trajectory._wall_before = float(timing.get("wall_s") or 0.0)
         for phase in ("setup", "evaluation"):
             for record in data.get(phase) or []:
-                trajectory.record_command(phase, CommandRecord(**{k: record.get(k) for k in
-                                                                 ("command", "returncode", "timed_out", "output", "duration_s")}))
+                trajectory.record_command(phase, CommandRecord(record["command"], record.get("returncode"),
+                                                               bool(record.get("timed_out")), record.get("output") or "",
+                                                               record.get("duration_s") or 0.0))
         trajectory.resolved = data.get("resolved")
         trajectory.warnings = list(data.get("warnings") or [])
         trajectory.pending = Step.from_dict(data["pending"]) if isinstance(data.get("pending"), dict) else None
@@ -475,8 +503,131 @@ def read_document(path: str) -> Any:
         raise TrajectoryError(f"{path}: JSON nested too deeply to read; is it a trajectory file?") from None
 
 
+# -- what a trajectory's fields hold -------------------------------------------------------------------------
+# A document that is JSON but holds a wrong type somewhere ("steps": "x") is refused when it is read, in one
+# line naming the field, rather than crashing whichever command reads that field first. Missing keys take
+# their defaults (older and foreign writers leave some out); keys not named here are kept unchecked.
+
+@dataclass(frozen=True)
+class Shape:
+    types: tuple[str, ...]  # JSON types accepted: string, integer, number, boolean, mapping, list, null
+    keys: dict[str, Shape] | None = None  # a mapping's known keys
+    items: Shape | None = None  # a list's items
+    required: tuple[str, ...] = ()  # keys a mapping must have
+
+
+def _shape(*types: str, keys: dict[str, Shape] | None = None, items: Shape | None = None,
+           required: tuple[str, ...] = ()) -> Shape:
+    return Shape(types, keys, items, required)
+
+
+TEXT, TEXT_OR_NULL = _shape("string"), _shape("string", "null")
+WHOLE, WHOLE_OR_NULL = _shape("integer"), _shape("integer", "null")
+NUMBER, NUMBER_OR_NULL = _shape("number"), _shape("number", "null")
+FLAG, FLAG_OR_NULL = _shape("boolean"), _shape("boolean", "null")
+MAPPING_OR_NULL = _shape("mapping", "null")  # a usage's figures: one that cannot be read counts as 0 (Usage.from_dict)
+TOOL_CALL = _shape("mapping", "null", keys={"id": TEXT_OR_NULL, "name": TEXT_OR_NULL, "arguments": TEXT_OR_NULL,
+                                            "index": WHOLE_OR_NULL})
+CHILD = _shape("mapping", keys={"trajectory": TEXT, "run_id": TEXT_OR_NULL, "depth": WHOLE_OR_NULL,
+                                "task": TEXT_OR_NULL, "exit_status": TEXT_OR_NULL, "exit_detail": TEXT_OR_NULL,
+                                "usage": MAPPING_OR_NULL})
+STEP = _shape("mapping", required=("step",), keys={
+    "step": WHOLE, "thought": TEXT_OR_NULL, "command": TEXT_OR_NULL, "format_error": TEXT_OR_NULL,
+    "returncode": WHOLE_OR_NULL, "timed_out": FLAG_OR_NULL, "output": TEXT_OR_NULL, "output_chars": WHOLE_OR_NULL,
+    "elided_chars": WHOLE_OR_NULL, "duration_s": NUMBER_OR_NULL, "aborted": TEXT_OR_NULL, "refused": TEXT_OR_NULL,
+    "proposed": TEXT_OR_NULL, "reasoning": TEXT_OR_NULL, "finish_reason": TEXT_OR_NULL, "usage": MAPPING_OR_NULL,
+    "latency_s": NUMBER_OR_NULL, "tool_call": TOOL_CALL, "children": _shape("list", "null", items=CHILD)})
+MESSAGE = _shape("mapping", keys={
+    "role": TEXT, "content": TEXT_OR_NULL, "timestamp": TEXT_OR_NULL, "step": WHOLE_OR_NULL,
+    "tool_calls": _shape("list", "null", items=_shape("mapping")), "tool_call_id": TEXT_OR_NULL})
+COMMAND = _shape("mapping", required=("command",), keys={
+    "command": TEXT, "returncode": WHOLE_OR_NULL, "timed_out": FLAG_OR_NULL, "output": TEXT_OR_NULL,
+    "duration_s": NUMBER_OR_NULL})
+# a recorded config's sections, each a mapping; their settings are checked where the config is rebuilt
+# (config.py), and a kind must be a name to be looked up at all
+SECTION = _shape("mapping", "null", keys={"kind": TEXT_OR_NULL})
+DOCUMENT = _shape("mapping", keys={
+    "format": TEXT, "version": WHOLE, "miniswe_version": TEXT_OR_NULL, "task": TEXT_OR_NULL,
+    "exit_status": TEXT_OR_NULL, "exit_detail": TEXT_OR_NULL, "submission": TEXT_OR_NULL, "usage": MAPPING_OR_NULL,
+    "timing": _shape("mapping", "null", keys={"started": TEXT_OR_NULL, "ended": TEXT_OR_NULL, "wall_s": NUMBER_OR_NULL}),
+    "config": _shape("mapping", "null", keys={name: SECTION for name in
+                                              ("agent", "protocol", "environment", "model", "replay", "policy")}),
+    "environment": _shape("mapping", "null", keys={"kind": TEXT_OR_NULL, "cwd": TEXT_OR_NULL}),
+    "model": MAPPING_OR_NULL,
+    "metadata": _shape("mapping", "null", keys={"run_id": TEXT_OR_NULL, "task_id": TEXT_OR_NULL}),
+    "setup": _shape("list", "null", items=COMMAND), "evaluation": _shape("list", "null", items=COMMAND),
+    "resolved": FLAG_OR_NULL, "warnings": _shape("list", "null", items=TEXT),
+    "pending": _shape("mapping", "null", keys=STEP.keys, required=STEP.required),
+    "resumes": _shape("list", "null", items=_shape("mapping", keys={
+        "at": TEXT_OR_NULL, "from_step": WHOLE_OR_NULL, "changes": MAPPING_OR_NULL, "diverged": TEXT_OR_NULL})),
+    "parent": _shape("mapping", "null", keys={"trajectory": TEXT_OR_NULL, "run_id": TEXT_OR_NULL,
+                                              "from_step": WHOLE_OR_NULL}),
+    "session": _shape("mapping", "null", keys={
+        "id": TEXT_OR_NULL, "summary": TEXT_OR_NULL, "mode": TEXT_OR_NULL, "context_from": WHOLE_OR_NULL,
+        "turns": _shape("list", "null", items=_shape("mapping"))}),
+    # each as compaction.py writes it: what inspect shows and a resumed run's projection needs
+    "compactions": _shape("list", "null", items=_shape("mapping", required=(
+        "step", "kind", "tokens_before", "tokens_after"), keys={
+        "step": WHOLE, "kind": TEXT, "why": TEXT_OR_NULL, "window": WHOLE_OR_NULL, "tokens_before": WHOLE,
+        "tokens_after": WHOLE, "elided_through": WHOLE, "summary_through": WHOLE, "summary": TEXT_OR_NULL,
+        "usage": MAPPING_OR_NULL})),
+    "messages": _shape("list", "null", items=MESSAGE), "steps": _shape("list", "null", items=STEP),
+})
+# what the upgrade from version 1 reads, checked before it runs
+DOCUMENT_V1 = _shape("mapping", keys={key: DOCUMENT.keys[key] for key in ("messages", "steps", "config")})
+_NAMES = {"string": "a string", "integer": "a whole number", "number": "a number", "boolean": "true or false",
+          "mapping": "a mapping", "list": "a list", "null": "null"}
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "list" if isinstance(value, list) else "mapping" if isinstance(value, dict) else type(value).__name__
+
+
+def problem(value: Any, shape: Shape, where: str = "") -> str | None:
+    """The first place `value` does not fit `shape`: "steps[2].output: expected a string, got a number"."""
+    found = json_type(value)
+    if found not in shape.types and not (found == "integer" and "number" in shape.types):
+        expected = " or ".join(_NAMES[name] for name in shape.types if name != "null")
+        got = "a whole number" if found == "integer" else _NAMES.get(found, found)
+        return f"{where or 'the document'}: expected {expected}, got {got}"
+    if isinstance(value, dict):
+        for key in shape.required:
+            if key not in value:
+                return f"{where}{'.' if where else ''}{key}: missing"
+        for key, inner in (shape.keys or {}).items():
+            if key in value:
+                found_problem = problem(value[key], inner, f"{where}{'.' if where else ''}{key}")
+                if found_problem:
+                    return found_problem
+    elif isinstance(value, list) and shape.items is not None:
+        for index, item in enumerate(value):
+            found_problem = problem(item, shape.items, f"{where}[{index}]")
+            if found_problem:
+                return found_problem
+    return None
+
+
+def check_fields(data: Any, path: str, shape: Shape = DOCUMENT) -> None:
+    """TrajectoryError, in one line naming the file, the field and what it should hold, for a document a field
+    of which holds the wrong type."""
+    found = problem(data, shape)
+    if found:
+        raise TrajectoryError(f"{path}: {found}; the file is damaged or not a miniswe trajectory")
+
+
 def upgrade(data: Any, path: str) -> dict[str, Any]:
-    """A miniswe trajectory document brought to the current version; TrajectoryError for anything else."""
+    """A miniswe trajectory document brought to the current version, each field checked (`check_fields`);
+    TrajectoryError for anything else."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         if isinstance(data, dict):
             found = f"trajectory_format {data['trajectory_format']!r}" if "trajectory_format" in data else (
@@ -490,13 +641,143 @@ def upgrade(data: Any, path: str) -> dict[str, Any]:
     if version > VERSION:
         raise TrajectoryError(f"{path} was written by a newer miniswe (format {version} > {VERSION}); upgrade miniswe")
     while data["version"] < VERSION:
+        check_fields(data, path, DOCUMENT_V1)
         data = UPGRADES[data["version"]](data)
+    check_fields(data, path)
     return data
 
 
-def load(path: str, *, redact: Callable[[str], str] | None = None) -> Trajectory:
-    """Read a trajectory, validating its format and upgrading an older version to the current one."""
-    return Trajectory.from_dict(upgrade(read_document(path), path), path, redact=redact)
+def load(path: str, *, redact: Callable[[str], str] | None = None, lock: bool = False) -> Trajectory:
+    """Read a trajectory, validating its format and upgrading an older version to the current one. With `lock`,
+    the file is claimed for this process first (InUse if another holds it), so what is read is what the run
+    goes on from; the trajectory holds the claim until its run ends."""
+    held = claim_file(path) if lock else None
+    try:
+        trajectory = Trajectory.from_dict(upgrade(read_document(path), path), path, redact=redact)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    if held is not None:
+        trajectory.hold(held)
+    return trajectory
+
+
+# -- one writer at a time ---------------------------------------------------------------------------------
+# A run's file is written by one process: the run that records it, from its first save to its end, or the
+# resume that goes on with it. Two writers would each make their own paid calls and overwrite the other's
+# record; a resume of a run still going would mark its live command aborted. The claim is an flock(2) on a
+# lock file beside the trajectory (the trajectory itself cannot carry it: each save puts a new file in its
+# place). The kernel drops an flock when its process ends, however it ends, so a kill -9 leaves nothing held;
+# the descriptor is close-on-exec, so no command a run starts inherits it.
+
+class InUse(TrajectoryError):
+    """Another process holds the trajectory: its run is still going, or another resume or replay of it is."""
+
+
+def lock_path(path: str) -> str:
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.lock")
+
+
+class _Flock:
+    """This process's flock on one lock file, shared by its holders (a chat session loaded over its own autosave
+    holds the same file twice): released, and its file removed, when the last one lets go."""
+
+    def __init__(self, fd: int | None, key: str):
+        self.fd, self.key, self.holders = fd, key, 0
+
+    @classmethod
+    def take(cls, key: str, path: str) -> _Flock:
+        while True:
+            try:
+                fd = os.open(key, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask applies
+            except OSError:
+                # no lock file can be made here (a read-only folder): a save fails on its own, with its own
+                # message; a replay of a file it only reads goes on unclaimed
+                return cls(None, key)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(fd)
+                os.close(fd)
+                raise InUse(f"{path}: in use by another miniswe process{holder}: its run is still going, or another "
+                            "resume or replay of it is; wait for that to end (or stop it), then run this again") from None
+            except OSError:  # a file system without flock: unclaimed, as before there were claims
+                os.close(fd)
+                return cls(None, key)
+            try:  # the last holder removed the file between our open and our flock: claim the one there now
+                current = os.stat(key)
+            except OSError:
+                current = None
+            if current is not None and os.path.samestat(os.fstat(fd), current):
+                break
+            os.close(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        except OSError:
+            pass  # who holds it is only for the message of whoever is refused
+        return cls(fd, key)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.key)  # while still holding it: whoever opened it before then finds it gone, and retries
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def _holder(fd: int) -> str:
+    """ " (pid N)" or " (pid N on HOST)" from a lock file, as its holder wrote it; "" when not written yet."""
+    try:
+        pid, _, host = os.pread(fd, 200, 0).decode("utf-8", "replace").strip().partition(" ")
+    except OSError:
+        return ""
+    if not pid.isdigit():
+        return ""
+    return f" (pid {pid})" if not host or host == socket.gethostname() else f" (pid {pid} on {host})"
+
+
+_HELD: dict[str, _Flock] = {}
+_HELD_GUARD = threading.Lock()
+
+
+class RecordLock:
+    """One holder's claim on a trajectory's file (see `claim_file`), until `release` (idempotent) or the process's
+    end. (Not released when collected: a finalizer run by the collector inside `claim_file` would deadlock.)"""
+
+    def __init__(self, key: str):
+        self._key: str | None = key
+
+    def release(self) -> None:
+        key, self._key = self._key, None
+        if key is None:
+            return
+        with _HELD_GUARD:
+            flock = _HELD.get(key)
+            if flock is None:
+                return
+            flock.holders -= 1
+            if flock.holders <= 0:
+                del _HELD[key]
+                flock.release()
+
+
+def claim_file(path: str) -> RecordLock:
+    """Claim the trajectory at `path` for this process; InUse, naming the holder's pid, when another process
+    has it. Claims within one process are shared: one writer per process is the batch's and the chat's own
+    business."""
+    key = lock_path(path)
+    with _HELD_GUARD:
+        flock = _HELD.get(key)
+        if flock is None:
+            flock = _HELD[key] = _Flock.take(key, path)
+        flock.holders += 1
+    return RecordLock(key)
 
 
 def store_copy(path: str, data: bytes) -> None:
@@ -535,7 +816,7 @@ def close_unfinished(path: str, outcome: Outcome) -> Trajectory | None:
         return None
     if trajectory.outcome is None:
         trajectory.finish(outcome)
-        trajectory.save()
+        trajectory.save(claim=False)  # the batch gave up on the worker that holds it
     return trajectory
 
 

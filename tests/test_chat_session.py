@@ -226,3 +226,25 @@ def test_a_command_the_person_edited_is_told_to_the_model_as_what_ran(tmp_path):
     assert "echo original" not in told[0]
     recorded = [m.content for m in chat.trajectory.messages if m.step == 1 and m.role in ("user", "tool")]
     assert any("this ran instead of yours" in text for text in recorded), "the record holds what the model was told"
+
+
+def test_loading_a_damaged_session_says_which_field_and_keeps_the_current_one(tmp_path, home):
+    from miniswe.errors import TrajectoryError
+
+    chat = session(tmp_path, [SUBMIT])
+    try:
+        chat.turn("the current one")
+        folder = home / "sessions"
+        data = json.loads((folder / "autosave.traj.json").read_text())
+        (folder / "typed.traj.json").write_text(json.dumps({**data, "steps": "x"}))
+        (folder / "cut.traj.json").write_text(json.dumps(data)[:100])
+        with pytest.raises(TrajectoryError) as typed:
+            chat.load("typed")
+        assert str(typed.value) == (f"{folder / 'typed.traj.json'}: steps: expected a list, got a string; the file "
+                                    "is damaged or not a miniswe trajectory")
+        with pytest.raises(TrajectoryError, match="cut.traj.json: not valid JSON"):
+            chat.load("cut")
+        assert chat.trajectory.task == "the current one" and len(chat.trajectory.steps) == 1
+        assert {s.id: bool(s.damaged) for s in store.list_sessions()} == {"autosave": False, "typed": True, "cut": True}
+    finally:
+        chat.close()

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from conftest import act, clean_env, miniswe_cmd, read_line
-from replies import SUBMIT_MARKER
+from replies import SUBMIT, SUBMIT_MARKER
 
 
 def script(path, replies) -> str:
@@ -294,3 +294,74 @@ def test_default_masks_cover_ls_times_and_unix_time_but_not_ordinary_numbers(cli
     changed = cli("replay", "t.json", "--cwd", "fresh2", "-q")
     assert changed.returncode == 1 and "diverged at step 3" in changed.stdout
     assert "+4242 1234567" in changed.stdout
+
+
+def test_resume_refuses_inputs_it_would_ignore_and_replay_an_until_below_1(cli, tmp_path):
+    (tmp_path / "work").mkdir()
+    cli("run", "t", "--script", script(tmp_path / "r.json", [act("echo one")]), "--cwd", "work", "-o", "t.json", "-q")
+    before = (tmp_path / "t.json").read_bytes()
+    for args, message in (
+        (["-o", "other.json"], "miniswe: --resume t.json goes on in that file from its last step: give no -o (--fork "
+                               "TRAJ --from-step N -o NEW goes on in a copy)\n"),
+        (["--from-step", "1"], "miniswe: --resume t.json goes on in that file from its last step: give no --from-step "
+                               "(--fork TRAJ --from-step N -o NEW goes on in a copy)\n"),
+        (["--fork", "t.json"], "miniswe: --resume TRAJ goes on in TRAJ, --fork TRAJ in a copy: give one of them\n"),
+    ):
+        refused = cli("run", "--resume", "t.json", *args)
+        assert (refused.returncode, refused.stderr) == (2, message), args
+    assert (tmp_path / "t.json").read_bytes() == before and not (tmp_path / "other.json").exists()
+    for until in ("0", "-1"):
+        refused = cli("replay", "t.json", "--until", until)
+        assert (refused.returncode, refused.stdout) == (2, "")
+        assert refused.stderr == (f"miniswe: --until {until}: steps are numbered from 1; give 1 or more (without "
+                                  "--until every step is checked)\n")
+
+
+def test_a_kind_given_now_replaces_the_recorded_kinds_settings(cli, server, tmp_path):
+    from conftest import ROOT
+
+    # mini-swe-agent's run in a python:3.11 container, replayed here as the docs say
+    source = str(ROOT / "tests" / "data" / "reference" / "mini-swe-agent-1.1-from-docs.traj.json")
+    (tmp_path / "fresh").mkdir()
+    local = cli("replay", source, "-c", "environment.kind=local", "--cwd", "fresh", "--until", "1")
+    assert local.returncode in (0, 1), local.stderr
+    assert f"replaying in {tmp_path / 'fresh'}" in local.stderr and "unknown key" not in local.stderr
+    nowhere = cli("replay", source, "-c", "environment.kind=local")  # /testbed was the container's directory
+    assert nowhere.returncode == 2 and nowhere.stderr.count("\n") == 1
+    assert "ran elsewhere (minisweagent.environments.docker.DockerEnvironment)" in nowhere.stderr
+
+    # a run of the scripted model resumed with an endpoint: model.script is the scripted kind's, not openai's
+    (tmp_path / "work").mkdir()
+    cli("run", "t", "--script", script(tmp_path / "r.json", [act("echo one")]), "--cwd", "work", "-o", "t.json", "-q")
+    server.push(act("echo two"), SUBMIT)
+    resumed = cli("run", "--resume", "t.json", "-c", "model.kind=openai", "--base-url", server.base_url, "-m", "m", "-q")
+    assert resumed.returncode == 0, resumed.stderr
+    data = json.loads((tmp_path / "t.json").read_text())
+    changes = data["resumes"][0]["changes"]
+    assert changes["model.kind"] == ["scripted", "openai"] and changes["model.script"][1] is None
+    assert changes["model.base_url"] == [None, server.base_url] and data["exit_status"] == "Submitted"
+
+    # and the other way: an endpoint's run forked onto the scripted model, its endpoint settings dropped
+    (tmp_path / "fresh2").mkdir()
+    other = script(tmp_path / "other.json", ["unused", "unused", act(f"echo {SUBMIT_MARKER}; echo forked")])
+    fork = cli("run", "--fork", "t.json", "--from-step", "2", "-o", "f.json", "--cwd", "fresh2", "--script", other, "-q")
+    assert fork.returncode == 0, fork.stderr
+    child = json.loads((tmp_path / "f.json").read_text())
+    assert child["config"]["model"] == {"kind": "scripted", "name": "", "script": other}
+    assert child["submission"] == "forked\n"
+
+
+def test_a_kind_given_again_keeps_the_recorded_settings_and_another_drops_them():
+    from miniswe.flags import resolve_config
+
+    base = {"agent": {"kind": "default", "step_limit": 7},
+            "environment": {"kind": "docker", "image": "img:1", "timeout": 5.0},
+            "model": {"kind": "scripted", "script": "r.json"}}
+    same = resolve_config(["environment.kind=docker"], {"script": "s.json"}, base=base)
+    assert (same.environment.image, same.environment.timeout, same.model.script) == ("img:1", 5.0, "s.json")
+    other = resolve_config(["environment.kind=local", "agent.kind=chat"], {}, base=base)
+    assert other.environment.kind == "local" and other.environment.timeout == 60.0 and other.agent.step_limit == 100
+    assert other.model.script == "r.json", "a section whose kind is not given keeps its recorded settings"
+    # the kind a flag implies counts as given: --image means docker
+    imaged = resolve_config([], {"image": "img:2"}, base={"environment": {"kind": "local", "cwd": "/x"}})
+    assert (imaged.environment.kind, imaged.environment.image, imaged.environment.cwd) == ("docker", "img:2", "")

@@ -41,3 +41,46 @@ def test_replay_refuses_to_run_commands_with_a_masked_secret_as_its_value(cli, t
     matched = cli("replay", "t.json", env={"API_TOKEN": "s3cret-value-123"})
     assert matched.returncode == 0, matched.stdout + matched.stderr
     assert "s3cret-value-123" not in matched.stdout + matched.stderr
+
+
+def test_resume_refuses_a_masked_secret_before_anything_runs(cli, tmp_path):
+    (tmp_path / "work").mkdir()
+    replies = script(tmp_path / "replies.json", [act("echo ${#API_TOKEN} >> lengths")])
+    first = cli("run", "t", "--script", replies, "--cwd", "work", "-o", "t.json", "-q",
+                "-c", "environment.env.API_TOKEN=s3cret-value-123")
+    assert first.returncode == 3, first.stderr  # the script ran out: a ModelError, which a resume goes on from
+    before = (tmp_path / "t.json").read_bytes()
+    script(tmp_path / "replies.json", [act("echo ${#API_TOKEN} >> lengths"), act("echo ${#API_TOKEN} >> lengths"), SUBMIT])
+    refused = cli("run", "--resume", "t.json", "-q")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "environment.env.API_TOKEN: the recording masked this secret (***) and $API_TOKEN is not set" in refused.stderr
+    assert (tmp_path / "t.json").read_bytes() == before and (tmp_path / "work" / "lengths").read_text() == "16\n"
+    resumed = cli("run", "--resume", "t.json", "-q", env={"API_TOKEN": "s3cret-value-123"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert (tmp_path / "work" / "lengths").read_text() == "16\n16\n", "the secret's value, not its mask"
+
+
+def test_a_chat_sessions_replay_refuses_a_masked_secret_too(cli, tmp_path, monkeypatch):
+    """A session records its config masked like a run; its replay once ran the commands with *** and matched."""
+    from miniswe.chat import store
+    from miniswe.chat.session import ChatSession
+    from miniswe.config import load_config
+    from miniswe.signals import Stop
+
+    monkeypatch.setenv("MINISWE_HOME", str(tmp_path / "home"))
+    (tmp_path / "work").mkdir()
+    replies = script(tmp_path / "replies.json", [act("echo ${#API_TOKEN}"), SUBMIT])
+    config = load_config("model.kind=scripted", f"model.script={replies}", f"environment.cwd={tmp_path / 'work'}",
+                         "environment.env.API_TOKEN=s3cret-value-123")
+    chat = ChatSession(config, stop=Stop(), mode="yolo")
+    try:
+        assert str(chat.turn("t").status) == "Submitted"
+    finally:
+        chat.close()
+    session = store.autosave_path()
+    assert json.loads(open(session).read())["config"]["environment"]["env"] == {"API_TOKEN": "***"}
+    refused = cli("replay", session)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert "environment.env.API_TOKEN: the recording masked this secret" in refused.stderr
+    matched = cli("replay", session, "-q", env={"API_TOKEN": "s3cret-value-123"})
+    assert matched.returncode == 0 and matched.stdout.startswith("matched: 2 command(s)"), matched.stdout

@@ -89,6 +89,10 @@ def test_saves_replace_the_file_whole_and_leave_nothing_beside_it(tmp_path):
         seen.append(len(json.loads(path.read_text())["steps"]))
     assert seen == [1, 2, 3, 4, 5]
     assert (path.stat().st_mode & 0o777) == 0o666 & ~_umask()
+    # while the run goes on, its claim on the file (see test_record_lock.py); nothing once it has ended
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".t.traj.json.lock", "t.traj.json"]
+    traj.finish(Outcome(ExitStatus.SUBMITTED))
+    traj.save()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.traj.json"]
     assert len(load(str(path)).steps) == 5
 

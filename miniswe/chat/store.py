@@ -59,10 +59,18 @@ class Listed:
     mtime: float
     messages: int
     summary: str
+    damaged: str | None = None  # why the file cannot be loaded (cut short, or not a session at all)
+
+
+DAMAGED = "[damaged]"
 
 
 def list_sessions() -> list[Listed]:
-    """Every session file, newest first."""
+    """Every session file, newest first; one that cannot be loaded too, marked damaged (its summary says why),
+    rather than hidden: /load says the same of it, and the file is still there to look at."""
+    from miniswe.errors import TrajectoryError
+    from miniswe.trajectory import read_document, upgrade
+
     try:
         names = [n for n in os.listdir(sessions_dir()) if n.endswith(SUFFIX) and not n.startswith(".")]
     except FileNotFoundError:
@@ -70,11 +78,17 @@ def list_sessions() -> list[Listed]:
     found = []
     for name in names:
         path = os.path.join(sessions_dir(), name)
-        data = _read(path)
-        if data is None:
+        try:
+            mtime = os.path.getmtime(path)
+            data = upgrade(read_document(path), path)  # as /load reads it: the same checks
+        except OSError:
+            continue  # gone since the folder was listed
+        except TrajectoryError as error:
+            why = str(error).removeprefix(f"{path}: ").removeprefix(f"{path} ")
+            found.append(Listed(name[: -len(SUFFIX)], path, mtime, 0, f"{DAMAGED} {why}", damaged=why))
             continue
-        session = data.get("session") if isinstance(data.get("session"), dict) else {}
-        found.append(Listed(name[: -len(SUFFIX)], path, os.path.getmtime(path), len(data.get("messages") or []),
+        session = data.get("session") or {}
+        found.append(Listed(name[: -len(SUFFIX)], path, mtime, len(data.get("messages") or []),
                             session.get("summary") or summary(data.get("task") or "", data.get("exit_status"))))
     return sorted(found, key=lambda s: s.mtime, reverse=True)
 
