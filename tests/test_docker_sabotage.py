@@ -26,7 +26,7 @@ from waiting import wait_for
 
 try:
     from test_docker import IMAGE, derived_image
-    from test_docker_cli import Runs, containers_of, endpoint, engine, running_inside, stderr_lines
+    from test_docker_cli import Runs, assert_gone, containers_of, endpoint, engine, running_inside, stderr_lines
 except pytest.skip.Exception as no_engine:
     pytest.skip(no_engine.msg, allow_module_level=True)
 
@@ -124,6 +124,7 @@ def test_an_executor_that_cannot_be_hardened_is_never_used_and_the_fallback_is_l
     # PID 1 there is the engine's init, whose output is the container's log, not miniswe's: a forged frame lands
     # nowhere, and each command's end is its own `docker exec`'s
     assert data["steps"][1]["returncode"] == 1
+    assert_gone(proc)  # the refused executor's container too: the fallback's has its name
 
 
 # ---------------------------------------------------------------- commands against PID 1's limits
@@ -250,6 +251,7 @@ def test_a_container_killed_at_every_start_is_an_infrastructure_failure_not_a_fa
     assert len(lines) == 1 and "ended while it started, 3 times" in lines[0], proc.err
     assert "exec" not in lines[0] and server.requests == []
     assert len((tmp_path / "kills").read_text().split()) == 3
+    assert containers_of(Runs.traj(proc)["metadata"]["run_id"]) == []
 
 
 # ---------------------------------------------------------------- a restart from outside
