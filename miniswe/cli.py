@@ -221,7 +221,7 @@ def chat(
 @app.command()
 @with_flags(*BATCH_FLAGS)
 def batch(
-    tasks: Annotated[str, typer.Argument(help="Task file: YAML/JSON list or JSONL (also SWE-bench instances).")],
+    tasks: Annotated[str, typer.Argument(help="Task file (YAML/JSON/JSONL/Parquet, SWE-bench instances too) or a dataset: verified, lite, full, multimodal, multilingual, or a Hugging Face id.")],
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Run directory (default: trajectories/<task file name>).")] = None,
     workers: Annotated[int, typer.Option("-w", "--workers", help="Tasks run in parallel.")] = 1,
     config: ConfigOpt = [],
@@ -239,6 +239,9 @@ def batch(
     executor: Annotated[str, typer.Option("--executor", help="Where tasks run: threads (this process) or ray (a Ray cluster's nodes).")] = "threads",
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster to use (host:port or auto); default: a private one on this machine.")] = None,
     ray_resources: Annotated[Optional[str], typer.Option("--ray-resources", help="What each task asks of a Ray node, e.g. docker=1 or CPU=0.5 (default CPU=1).")] = None,
+    split: Annotated[str, typer.Option("--split", help="The split of a dataset given by name.")] = "test",
+    grade: Annotated[Optional[bool], typer.Option("--grade/--no-grade", help="Grade SWE-bench submissions by the official harness (default: when it is installed).")] = None,
+    grade_timeout: Annotated[float, typer.Option("--grade-timeout", help="Seconds for one instance's eval script.")] = 1800.0,
     *,
     flags: dict,
 ) -> None:
@@ -250,19 +253,47 @@ def batch(
     from miniswe.errors import MinisweError
 
     try:
-        cfg = resolve_config(config, flags)
         from miniswe.batch.run import BatchOptions, default_run_dir
+        from miniswe.swebench.evaluate import batch_sources
 
+        cfg = resolve_config([*batch_sources(tasks), *config], flags)  # SWE-bench lists: the shipped benchmark config first
         options = BatchOptions(
             tasks, output, workers=workers, filter=filter, slice=slice, shuffle=shuffle, seed=seed, shard=shard,
             redo=redo, force=force, max_concurrent_calls=max_concurrent_calls, batch_cost_limit=batch_cost_limit,
             batch_token_limit=batch_token_limit, quiet=quiet, executor=executor, ray_address=ray_address,
-            ray_resources=ray_resources,
-            command=_rerun_command("batch", output, default_run_dir(tasks, shard), fallback=[tasks]),
+            ray_resources=ray_resources, split=split, grade=grade, grade_timeout=grade_timeout,
+            command=_rerun_command("batch", output, default_run_dir(tasks, shard, split), fallback=[tasks]),
         )
         _run_batch(cfg, options)
     except MinisweError as error:
         fail(error)
+
+
+@app.command()
+def evaluate(
+    run_dir: Annotated[str, typer.Argument(help="A run directory of `miniswe batch` over SWE-bench instances.")],
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="The instances the batch ran (default: the list run.json names).")] = None,
+    split: Annotated[Optional[str], typer.Option("--split", help="The dataset's split (default: the batch's).")] = None,
+    workers: Annotated[int, typer.Option("-w", "--workers", help="Tasks graded in parallel.")] = 1,
+    regrade: Annotated[bool, typer.Option("--regrade", help="Grade every submitted task again, not only ungraded ones.")] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds for one instance's eval script.")] = 1800.0,
+    quiet: QuietOpt = False,
+) -> None:
+    """Grade, or regrade, a finished batch by the official SWE-bench harness's rules.
+
+    Exit codes: 0 graded, 3 some task could not be graded (image, engine), 2 bad input, 129/130/143 interrupted.
+    """
+    from miniswe.errors import MinisweError
+
+    try:
+        from miniswe.swebench.evaluate import evaluate as grade_run
+
+        result = grade_run(run_dir, tasks=tasks, split=split, workers=workers, regrade=regrade, timeout=timeout,
+                           quiet=quiet, command=_rerun_command("evaluate", run_dir, run_dir))
+    except MinisweError as error:
+        fail(error)
+    print(visible(result.markdown), flush=True)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()

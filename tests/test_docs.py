@@ -156,7 +156,7 @@ def test_every_command_line_shown_uses_a_real_command_and_real_options():
         words = shlex.split(line, comments=True)
         name = words[1]
         assert name in commands, f"{page}: `{line}`: miniswe has no command {name!r}"
-        real = {opt for param in commands[name].params for opt in param.opts}
+        real = {opt for param in commands[name].params for opt in [*param.opts, *param.secondary_opts]}
         for word in words[2:]:
             # a synopsis writes [-t|--task-file F]: each spelling between the brackets is an option
             for option in word.lstrip("[").split("|"):

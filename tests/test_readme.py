@@ -28,7 +28,7 @@ def test_every_command_is_documented_with_exactly_its_options():
     documented = usage_blocks()
     assert sorted(documented) == sorted(group.commands), "docs/cli.md synopses and CLI commands differ"
     for name, command in group.commands.items():
-        real = {opt for param in command.params for opt in param.opts if opt.startswith("-") and opt != "--help"}
+        real = {opt for param in command.params for opt in [*param.opts, *param.secondary_opts] if opt.startswith("-") and opt != "--help"}
         shown = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", documented[name]))
         # a synopsis shows one spelling of each option; every shown one must exist, every option must be shown
         assert shown <= real, f"docs/cli.md shows options `miniswe {name}` does not have: {sorted(shown - real)}"
