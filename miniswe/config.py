@@ -144,8 +144,14 @@ class ReplayConfig(Settings):
 DENY_RULES = ["delete-root-or-home", "mkfs", "raw-disk-write", "fork-bomb", "shutdown", "kill-all", "chmod-root"]
 
 
+def _not_null(value: Any) -> Any:
+    if value is None:  # a damaged record, or a bare `deny:`, must not quietly turn every rule off
+        raise ValueError("null is not a list of rules; give a list ([] turns the built-in rules off)")
+    return value
+
+
 class PolicyConfig(Settings):
-    deny: Regexes = DENY_RULES  # built-in rule names and regexes: a matching command is refused, the model is told why, and the run goes on
+    deny: Annotated[Regexes, BeforeValidator(_not_null)] = DENY_RULES  # built-in rule names and regexes: a matching command is refused, the model is told why, and the run goes on
     confirm: Regexes = []  # regexes: a matching command runs only when a person says yes (chat); refused where nobody is asked
     containers: bool = False  # apply deny and confirm in containers too (there the container is the sandbox)
     confine: bool = False  # local: commands may write (and change metadata) only in the working directory, /tmp and /dev/shm (Linux)

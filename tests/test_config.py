@@ -51,6 +51,7 @@ def test_key_value_is_read_as_yaml():
         ("model.prices={input: 1}", "model.prices.input: unknown key"),
         ("protocol.action_tags=[]", "protocol.action_tags: must not be empty"),
         ("protocol.action_tags=[bash, ' ']", "protocol.action_tags[1]: must not be blank, got ' '"),
+        ("policy.deny=null", "policy.deny: null is not a list of rules; give a list ([] turns the built-in rules off)"),
         ("agent=5", "agent: expected a mapping"),
         ("agent.step_limit=10000000000000000", "agent.step_limit: 1e+16 is too large (at most 1e+15); use 0 for no limit"),
         ("agent.time_limit=40000000", "agent.time_limit: 4e+07 is too large (at most 3.16224e+07)"),
