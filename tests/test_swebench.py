@@ -117,6 +117,18 @@ def test_a_missing_extra_is_one_line_naming_the_install(monkeypatch):
                                  "pip install -e '.[swebench]' in the miniswe checkout")
 
 
+@pytest.mark.skipif(NO_SWEBENCH, reason="swebench is not installed (pip install -e '.[swebench]')")
+def test_loading_the_harness_does_not_load_a_dotenv_into_miniswe(tmp_path):
+    # the harness calls load_dotenv() at import: a .env beside the batch would reach local tasks' commands
+    (tmp_path / ".env").write_text("MINISWE_TEST_FROM_DOTENV=leaked\n")
+    code = ("import os; os.chdir(os.environ['WHERE']); from miniswe.swebench import require; "
+            "require('swebench.harness.run_evaluation', 'grading'); print(os.environ.get('MINISWE_TEST_FROM_DOTENV'), "
+            "os.environ.get('PYTHON_DOTENV_DISABLED'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean_env(), "WHERE": str(tmp_path)},
+                          timeout=300)
+    assert done.stdout.split() == ["None", "None"], done.stdout + done.stderr
+
+
 def test_grading_refuses_instances_the_harness_cannot_grade(tmp_path):
     from miniswe.swebench.grading import check_grading
 

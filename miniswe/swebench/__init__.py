@@ -12,6 +12,7 @@ The optional packages are imported only when used: a batch of plain tasks never 
 from __future__ import annotations
 
 import importlib
+import os
 
 from miniswe.errors import UsageError
 
@@ -20,9 +21,18 @@ INSTALL = "pip install -e '.[swebench]' in the miniswe checkout"
 
 def require(module: str, purpose: str):
     """The optional `module`, or one UsageError line naming what needs it and how to install it."""
+    # the harness loads a .env from the current folder into this process at import: its variables would reach
+    # the commands of local tasks, and unmasked, since the run's secrets were read before
+    before = os.environ.get("PYTHON_DOTENV_DISABLED")
+    os.environ["PYTHON_DOTENV_DISABLED"] = "1"
     try:
         return importlib.import_module(module)
     except ImportError as error:
         if error.name and error.name.split(".")[0] != module.split(".")[0]:
             raise UsageError(f"{purpose} needs {module}, which failed to import ({error}); reinstall it: {INSTALL}") from None
         raise UsageError(f"{purpose} needs the {module.split('.')[0]} package: {INSTALL}") from None
+    finally:
+        if before is None:
+            os.environ.pop("PYTHON_DOTENV_DISABLED", None)
+        else:
+            os.environ["PYTHON_DOTENV_DISABLED"] = before
