@@ -331,7 +331,9 @@ def _read_source(source: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return source, {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a config file must be a mapping of sections (agent:, model:, ...)")
-    return source, data
+    from miniswe.mini_config import from_mini_config  # a mini-swe-agent config file becomes miniswe's sections
+
+    return source, from_mini_config(data, source)
 
 
 def _merge(into: dict, data: dict, name: str, origin: dict[str, str], prefix: str) -> None:

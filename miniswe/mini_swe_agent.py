@@ -1,24 +1,35 @@
-"""Trajectories written by the reference implementation (mini-swe-agent), read into miniswe's Trajectory, and
-`load_any`, which reads a trajectory file of any format miniswe knows.
+"""Trajectories written by the reference implementation (mini-swe-agent), read into miniswe's Trajectory;
+`load_any`, which reads a trajectory file of any format miniswe knows; and `export`, which writes any of them in
+mini-swe-agent's format (one file, or a whole batch run directory), for its inspector and its users' scripts.
 
 Three shapes: `trajectory_format: mini-swe-agent-1` (`info` and `messages`), `mini-swe-agent-1.1` (the same,
 each message with an `extra` mapping, the run's end an `exit` message) and the oldest, a bare list of messages.
 Each assistant message is paired with the observation that follows it; what a shape does not record (durations,
 tokens, whole outputs) is listed in `metadata["converted_from"]["not_recorded"]`, and the converted trajectory
 refuses to be saved over its source.
+
+The export writes `mini-swe-agent-1.1` as mini-swe-agent 2.x writes it (`info` with model_stats, config, exit_status
+and submission; messages with `extra`: an assistant message's actions, usage and cost, an observation's raw_output,
+returncode and exception_info, a refused reply as the user message that refused it, an `exit` message last), and
+keeps what only miniswe records under `extra.miniswe` and `info.miniswe`, so reading the file back loses nothing.
+A file first read from mini-swe-agent's format keeps its original `info`. Secrets stay masked.
 """
 
 from __future__ import annotations
 
 import ast
+import calendar
 import json
+import os
 import re
+import time
 from typing import Any
 
-from miniswe.errors import RecordError, TrajectoryError
+from miniswe.errors import RecordError, TrajectoryError, UsageError
 from miniswe.protocol import FormatError, parse_command, thought_of
 from miniswe.redaction import Secrets, masked_config, secret_entries
 from miniswe.status import ExitStatus, Outcome
+from miniswe.templates import MINI_TEXT_REGEX
 from miniswe.trajectory import FORMAT, VERSION, Message, Step, Trajectory, iso_time, read_document, upgrade
 from miniswe.usage import Usage, figure
 
@@ -47,8 +58,10 @@ _REFERENCE_ACTION = r"```bash\s*\n(.*?)\n```"  # the regex mini-swe-agent 1.x fo
 class ConvertedTrajectory(Trajectory):
     """A trajectory read from another agent's format: the same record, which never writes over its source file."""
 
+    source_format: str | None = None
+
     def save(self) -> None:
-        source = self.metadata.get("converted_from", {}).get("format")
+        source = self.source_format or self.metadata.get("converted_from", {}).get("format")
         raise RecordError(f"{self.path}: converted from {source}; it is not saved over its source file")
 
 
@@ -80,6 +93,8 @@ def from_mini_swe_agent(data: Any, path: str) -> ConvertedTrajectory:
     if not is_mini_swe_agent(data):
         raise TrajectoryError(f"{path}: not a mini-swe-agent trajectory")
     data = _without_secrets(data)
+    if isinstance(data, dict) and isinstance(_mapping(data, "info").get("miniswe"), dict):
+        return _restored(data, path)  # written by miniswe's export: everything it recorded is in it
     listed = isinstance(data, list)
     source = MESSAGE_LIST if listed else data["trajectory_format"]
     info = {} if listed else _mapping(data, "info")
@@ -107,6 +122,7 @@ class _Converter:
         self.notes: list[str] = []
         self.markers: list[str] = []  # submit markers the commands printed, in order
         self.usage_seen = {"tokens": 0, "cost": 0, "calls": 0}
+        self.calls_tools = False  # whether its replies called tools (2.x's tool-calling models)
         exits = [_extra(m) for m in raw if m.get("role") == "exit"]
         self.ending = exits[-1] if exits else info  # where the run's end is: 1.1's exit message, or `info`
         submission = self.ending.get("submission")
@@ -121,11 +137,15 @@ class _Converter:
             message = self.raw[i]
             role = str(message.get("role") or "")
             if role == "user" and _extra(message).get("interrupt_type") == "FormatError":
-                # 1.1 keeps a malformed reply only inside its error message (the model never saw it again)
+                # 1.1 keeps a malformed reply only inside its error message (the model never saw it again); the
+                # record keeps it as the reply it was, before the message that refused it
                 number = len(steps) + 1
-                messages.append(Message(role, _text(message.get("content")), _timestamp(message), number))
                 reply = str(_extra(message).get("model_response") or "")
-                steps.append(Step(number, thought=thought_of(reply), format_error=_reference_error_kind(reply),
+                if reply:
+                    messages.append(Message("assistant", reply, _timestamp(message), number))
+                messages.append(Message(role, _text(message.get("content")), _timestamp(message), number))
+                kind = _reference_error_kind(reply) if reply else _tool_error_kind(_text(message.get("content")))
+                steps.append(Step(number, thought=thought_of(reply), format_error=kind,
                                   usage=self.step_usage(_extra(message))))
                 i += 1
                 continue
@@ -134,16 +154,22 @@ class _Converter:
                 i += 1
                 continue
             number = len(steps) + 1
-            messages.append(Message(role, _text(message.get("content")), _timestamp(message), number))
             observations = []
             i += 1
             while i < len(self.raw) and self.raw[i].get("role") in ("user", "tool") and (
                     not observations or self.raw[i].get("role") == "tool" or _is_observation_of_many(self.raw, i)):
                 observations.append(self.raw[i])
-                messages.append(Message(str(self.raw[i]["role"]), _text(self.raw[i].get("content")), _timestamp(self.raw[i]), number))
                 i += 1
             last_reply = not any(m.get("role") == "assistant" for m in self.raw[i:])
-            steps.append(self.step(number, message, observations, last=i >= len(self.raw), last_reply=last_reply))
+            if _tool_actions(message):  # 2.x's tool calls: a step each, as miniswe's own tool-calling runs record them
+                made = self.tool_steps(number, message, observations, last_reply=last_reply)
+                self.calls_tools = True
+            else:
+                made = [self.step(number, message, observations, last=i >= len(self.raw), last_reply=last_reply)]
+            by_call = {step.tool_call["id"]: step.step for step in made if step.tool_call}
+            messages.append(_message(message, number))
+            messages += [_message(o, by_call.get(o.get("tool_call_id"), number)) for o in observations]
+            steps += made
         outcome = self.outcome(steps)
         self.note_usage()
         config, environment, model = masked_config(self.miniswe_config()), self.environment(), self.model()
@@ -210,6 +236,41 @@ class _Converter:
                     output=output, output_chars=sum(r["chars"] for r in results),
                     elided_chars=sum(r["elided"] for r in results), duration_s=self.duration(extra, observations[-1]), **call)
 
+    def tool_steps(self, number: int, reply: dict[str, Any], observations: list[dict[str, Any]], *,
+                   last_reply: bool) -> list[Step]:
+        """A tool-calling reply: a step for each of its actions, answered by the tool message of its call; the first
+        carries the model call (its usage, thought and reasoning)."""
+        content, extra = _text(reply.get("content")), _extra(reply)
+        calls = {call.get("id"): call for call in reply.get("tool_calls") or [] if isinstance(call, dict)}
+        answers = {o.get("tool_call_id"): o for o in observations if isinstance(o.get("tool_call_id"), str)}
+        first = {"thought": content.strip(), "usage": self.step_usage(extra),
+                 "reasoning": reply.get("reasoning_content") or reply.get("reasoning") or None}
+        steps = []
+        for index, action in enumerate(_tool_actions(reply)):
+            call_id = action.get("tool_call_id")
+            function = _mapping(calls.get(call_id) or {}, "function")
+            arguments = function.get("arguments")
+            call = {"id": call_id, "name": str(function.get("name") or "bash"), "index": index,
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {"command": action["command"]})}
+            made = first if index == 0 else {"thought": "", "usage": Usage(model_calls=0), "reasoning": None}
+            command = action["command"]
+            self.markers += [m for m in SUBMIT_MARKERS if m in command]
+            answer = answers.get(call_id)
+            if answer is None:
+                if last_reply and self.submitted_with is not None and any(m in command for m in SUBMIT_MARKERS):
+                    self.missing.add("submission_output")
+                    steps.append(Step(number + index, command=command, output=self.submitted_with,
+                                      output_chars=len(self.submitted_with), tool_call=call, **made))
+                else:
+                    self.notes.append(f"step {number + index}: the run ended before the command's result was recorded")
+                    steps.append(Step(number + index, command=command, tool_call=call, **made))
+                continue
+            result = self.observed(answer)
+            steps.append(Step(number + index, command=command, returncode=result["returncode"], timed_out=result["timed_out"],
+                              output=result["output"], output_chars=result["chars"], elided_chars=result["elided"],
+                              duration_s=self.duration(extra, answer), tool_call=call, **made))
+        return steps
+
     def is_submission(self, seen: str, command: str) -> bool:
         """1.x recorded a submission as the last user message, in place of the submitting command's observation."""
         if self.submitted_with is not None:
@@ -229,9 +290,12 @@ class _Converter:
             output = str(extra.get("raw_output") or "")
             exception = str(extra.get("exception_info") or "")
             returncode = extra.get("returncode") if isinstance(extra.get("returncode"), int) else None
-            output = (exception + "\n" if exception else "") + output
-            return {"output": output, "returncode": returncode, "chars": len(output), "elided": 0,
-                    "timed_out": "timed out" in exception.lower() or "timeout" in exception.lower()}
+            timed_out = "timed out" in exception.lower() or "timeout" in exception.lower()
+            if timed_out:  # killed: no return code (mini-swe-agent writes -1); the step says it timed out
+                returncode = None
+            elif exception:  # another failure to run it: what went wrong, then what it printed
+                output = exception + "\n" + output
+            return {"output": output, "returncode": returncode, "chars": len(output), "elided": 0, "timed_out": timed_out}
         parsed = parse_observation(text)
         if parsed is None:
             self.notes.append(f"an observation in an unknown shape is kept as the output: {text[:60]!r}")
@@ -332,6 +396,8 @@ class _Converter:
     def miniswe_config(self) -> dict[str, Any]:
         """The reference's settings that miniswe has too, under miniswe's keys (config_from_record rebuilds it)."""
         protocol: dict[str, Any] = {"action_tags": _action_tags(_mapping(self.config, "model"))}
+        if self.calls_tools:
+            protocol["kind"] = "tools"
         if self.markers:  # the marker of the last command that printed one: what this run submitted with
             protocol["submit_marker"] = self.markers[-1]
         if not self.config:
@@ -368,6 +434,15 @@ def _action_tags(model: dict[str, Any]) -> list[str]:
 def _is_observation_of_many(raw: list[dict[str, Any]], i: int) -> bool:
     """A second user message after a reply belongs to it only when 1.1 marks it as another action's output."""
     return "raw_output" in _extra(raw[i])
+
+
+def _tool_error_kind(refusal: str) -> str:
+    """Our name for why 2.x refused a reply it kept no text of (a tool-calling one), by what its refusal says."""
+    if "No tool calls found" in refusal:
+        return "no_tool_call"
+    if "Unknown tool" in refusal:
+        return "unknown_tool"
+    return "bad_arguments" if "tool call" in refusal.lower() else "no_action"
 
 
 def _reference_error_kind(content: str) -> str:
@@ -447,12 +522,421 @@ def _extra(message: dict[str, Any]) -> dict[str, Any]:
     return _mapping(message, "extra")
 
 
+def _tool_actions(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """The actions of a tool-calling reply (2.x: each with the id of its call); none for a text reply."""
+    if not isinstance(reply.get("tool_calls"), list) or not reply["tool_calls"]:
+        return []
+    actions = [a for a in _extra(reply).get("actions") or [] if isinstance(a, dict) and isinstance(a.get("command"), str)]
+    return actions if actions and all(isinstance(a.get("tool_call_id"), str) for a in actions) else []
+
+
+def _message(message: dict[str, Any], step: int | None) -> Message:
+    """A reply or an observation as recorded, its tool calls and the call it answers kept."""
+    calls = message.get("tool_calls")
+    call_id = message.get("tool_call_id")
+    return Message(str(message.get("role") or ""), _text(message.get("content")), _timestamp(message), step,
+                   calls if isinstance(calls, list) and calls else None, call_id if isinstance(call_id, str) else None)
+
+
 def _timestamp(message: dict[str, Any]) -> str:
-    stamp = figure(_extra(message).get("timestamp"))
+    stamp = _stamp(message)
     return "" if stamp is None else iso_time(stamp)
 
 
+def _stamp(message: dict[str, Any]) -> float | None:
+    """When a message was added: 1.1 keeps it in `extra`, 1.x beside the content."""
+    stamp = figure(_extra(message).get("timestamp"))
+    return figure(message.get("timestamp")) if stamp is None else stamp
+
+
 def _seconds_between(raw: list[dict[str, Any]]) -> float | None:
-    stamps = [figure(_extra(m).get("timestamp")) for m in raw]
+    stamps = [_stamp(m) for m in raw]
     stamps = [s for s in stamps if s is not None]
     return round(stamps[-1] - stamps[0], 3) if len(stamps) > 1 else None
+
+
+# -- export: miniswe's record in mini-swe-agent's format ------------------------------------------------------------
+EXPORT_FORMAT = "mini-swe-agent-1.1"
+EXPORT_NAMES = ("mini-swe-agent", "mini-swe-agent-1.1")
+_STEP_CALL = ("thought", "reasoning", "finish_reason", "usage", "latency_s")  # a step's model call, on its reply
+
+
+def export(path_in: str, path_out: str | None = None, format: str = "mini-swe-agent") -> str:
+    """Write the trajectory `path_in` (miniswe's, any version, or mini-swe-agent's) in `format` to `path_out`
+    (default: beside it, X.traj.json as X.mini.traj.json); the path written."""
+    _export_format(format)
+    trajectory = load_any(path_in)
+    path_out = path_out or default_export_path(path_in)
+    _refuse_same(path_in, path_out)
+    _write(path_out, to_mini_swe_agent(trajectory))
+    return path_out
+
+
+def export_batch(run_dir: str, out_dir: str | None = None, format: str = "mini-swe-agent") -> list[str]:
+    """Write every task's trajectory of a batch run directory (`<id>/<id>.traj.json`) in `format`, laid out as
+    mini-swe-agent's batch runs are: `OUT/<id>/<id>.traj.json` (with `instance_id`) and `OUT/preds.json`. `out_dir`
+    defaults to RUN_DIR.mini-swe-agent beside it. The paths written, trajectories first."""
+    _export_format(format)
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir}: not a directory; give a batch run directory (it holds <id>/<id>.traj.json)")
+    out_dir = out_dir or os.path.normpath(run_dir) + ".mini-swe-agent"
+    if os.path.abspath(out_dir) == os.path.abspath(run_dir):
+        raise UsageError(f"{out_dir}: the export would write into the run directory itself; give another -o")
+    tasks = sorted(name for name in os.listdir(run_dir)
+                   if os.path.isfile(os.path.join(run_dir, name, f"{name}.traj.json")))
+    if not tasks:
+        raise UsageError(f"{run_dir}: no task trajectories (<id>/<id>.traj.json) in it; is it a batch run directory?")
+    written, preds = [], {}
+    for task_id in tasks:
+        trajectory = load_any(os.path.join(run_dir, task_id, f"{task_id}.traj.json"))
+        document = to_mini_swe_agent(trajectory, instance_id=task_id)
+        path = os.path.join(out_dir, task_id, f"{task_id}.traj.json")
+        _write(path, document)
+        written.append(path)
+        info = document["info"]
+        if info["exit_status"]:
+            name = (info.get("config") or {}).get("model", {}).get("model_name") or trajectory.model.get("name") or ""
+            preds[task_id] = {"model_name_or_path": name, "instance_id": task_id, "model_patch": info["submission"]}
+    recorded = os.path.join(run_dir, "preds.json")
+    if os.path.isfile(recorded):  # the batch's own predictions (tasks that ended with an agent outcome): the same format
+        try:
+            with open(recorded, encoding="utf-8") as handle:
+                preds = json.load(handle)
+        except (OSError, ValueError):
+            pass
+    path = os.path.join(out_dir, "preds.json")
+    _write(path, preds)
+    return [*written, path]
+
+
+def default_export_path(path_in: str) -> str:
+    base = path_in[: -len(".traj.json")] if path_in.endswith(".traj.json") else os.path.splitext(path_in)[0]
+    return f"{base}.mini.traj.json"
+
+
+def _export_format(format: str) -> None:
+    if format not in EXPORT_NAMES:
+        raise UsageError(f"--format {format}: unknown export format (known: {', '.join(EXPORT_NAMES[:1])})")
+
+
+def _refuse_same(path_in: str, path_out: str) -> None:
+    if os.path.exists(path_out) and os.path.samefile(path_in, path_out):
+        raise UsageError(f"{path_out}: the export would replace the trajectory it reads; give another -o")
+
+
+def _write(path: str, document: Any) -> None:
+    from miniswe.atomic import write_atomic
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_atomic(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    except OSError as error:
+        raise RecordError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def _unix(stamp: str) -> float | None:
+    """An ISO time as recorded (2025-01-02T03:04:05.678Z) as Unix seconds."""
+    try:
+        whole, _, rest = stamp.rstrip("Z").partition(".")
+        seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, AttributeError):
+        return None
+    return seconds + (int(rest[:3].ljust(3, "0")) / 1000 if rest[:3].isdigit() else 0.0)
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    found = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+             "total_tokens": usage.total_tokens}
+    if usage.cached_tokens:
+        found["prompt_tokens_details"] = {"cached_tokens": usage.cached_tokens}
+    return found
+
+
+def to_mini_swe_agent(trajectory: Trajectory, *, instance_id: str | None = None) -> dict[str, Any]:
+    """A trajectory as mini-swe-agent writes one (`mini-swe-agent-1.1`), secrets masked."""
+    header = trajectory.header()
+    source = header.get("source_info") if isinstance(header.get("source_info"), dict) else {}
+    config = masked_config(trajectory.config or {})
+    status, submission = trajectory.exit_status, trajectory.outcome.submission if trajectory.outcome else None
+    info = dict(source)  # a file read from mini-swe-agent's format keeps what it held
+    stats = dict(_mapping(source, "model_stats"))
+    if figure(stats.get("instance_cost")) is None or round(figure(stats["instance_cost"]), 8) != round(trajectory.usage.cost, 8):
+        stats["instance_cost"] = trajectory.usage.cost
+    stats["api_calls"] = trajectory.usage.model_calls
+    info["model_stats"] = stats
+    if not source:
+        info["config"] = _mini_config(config, trajectory)
+    info.update({"exit_status": status or "", "submission": submission or ""})
+    miniswe = {key: value for key, value in header.items() if key not in ("source_info", "config")}
+    miniswe["config"] = config
+    if source:
+        miniswe["source_info"] = True  # `info` is the source's, brought up to date
+    info["miniswe"] = miniswe
+    document: dict[str, Any] = {"info": info, "messages": _Exporter(trajectory, config).messages(),
+                                "trajectory_format": EXPORT_FORMAT}
+    if instance_id is not None:
+        document["instance_id"] = instance_id
+    return json.loads(_secrets_of(trajectory, config).scrub(json.dumps(document, ensure_ascii=False)))
+
+
+def _secrets_of(trajectory: Trajectory, config: dict[str, Any]) -> Secrets:
+    """What must not be written: the values of the recorded config's secret-looking entries (recorded masked, but a
+    hand-edited or foreign file may hold them), and of the variables it names as holding secrets, as set here."""
+    secrets = Secrets()
+    for dotted, value in secret_entries(trajectory.config or {}):
+        secrets.add(value, dotted)
+    model = _mapping(config, "model")
+    key = model.get("api_key_env", "OPENAI_API_KEY" if model.get("kind") == "openai" else None)  # openai's default
+    names = [key, *(_mapping(config, "environment").get("forward_env") or [])]
+    for name in names:
+        if isinstance(name, str) and name and os.environ.get(name):
+            secrets.add(os.environ[name], f"${name}")
+    return secrets
+
+
+def _mini_config(config: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+    """The run's settings under mini-swe-agent's keys: a run of a mini-swe-agent config gives back that config as
+    written; another miniswe run its own sections, with the keys mini-swe-agent's readers look for."""
+    agent, environment, model = (_mapping(config, name) for name in ("agent", "environment", "model"))
+    mini = _mapping(agent, "mini")
+    if mini:
+        sections = {name: dict(_mapping(mini, name)) for name in ("agent", "environment", "model")}
+    else:
+        sections = {"agent": dict(agent), "environment": dict(environment), "model": dict(model)}
+    sections["agent"].update({"step_limit": agent.get("step_limit", 0), "cost_limit": agent.get("cost_limit", 0.0)})
+    sections["model"]["model_name"] = model.get("name") or trajectory.model.get("name") or sections["model"].get("model_name", "")
+    return {**sections, "agent_type": f"miniswe:{agent.get('kind', 'default')}",
+            "model_type": f"miniswe:{model.get('kind') or trajectory.model.get('kind', '')}",
+            "environment_type": f"miniswe:{environment.get('kind') or trajectory.environment.get('kind', '')}"}
+
+
+class _Exporter:
+    """The messages of a trajectory, each with the `extra` mini-swe-agent gives it, and under `extra.miniswe` what
+    only miniswe records: the message's own time and step, its reply's model call, its step's result."""
+
+    def __init__(self, trajectory: Trajectory, config: dict[str, Any]):
+        self.trajectory = trajectory
+        self.steps = {step.step: step for step in trajectory.steps}
+        self.by_call = {step.tool_call["id"]: step for step in trajectory.steps if step.tool_call and step.tool_call.get("id")}
+        self.timeout = figure(_mapping(config, "environment").get("timeout"))
+        # mini-swe-agent tells the model nothing after a submission: a miniswe run's record of what the submitting
+        # command printed is not written as a message (it stays in the reply's extra.miniswe, and in the exit message)
+        outcome = trajectory.outcome
+        last = trajectory.steps[-1] if trajectory.steps else None
+        native = not _mapping(trajectory.metadata, "converted_from")
+        self.unsent = [m for m in trajectory.messages if native and outcome and str(outcome.status) == "Submitted" and last
+                       and m.role in ("user", "tool") and self._answered(m) is last and not last.format_error]
+        # the steps some observation reports (the rest, a submission the run ended on, are written with their reply)
+        self.observed = {self._answered(m).step for m in trajectory.messages
+                         if m.role in ("user", "tool") and m.step in self.steps and m not in self.unsent}
+        regex = _mapping(_mapping(_mapping(trajectory.extra.get("source_info") or {}, "config"), "model"), "action_regex") \
+            or _mapping(_mapping(_mapping(config, "agent"), "mini"), "model").get("action_regex")
+        self.action_regex = regex if isinstance(regex, str) and regex else MINI_TEXT_REGEX
+        # a refused reply the model never saw again (mini-swe-agent 2's runs, and miniswe's runs of its configs) is
+        # written as 2.x writes it, inside the message that refused it; one it saw stays a message of its own
+        agent = _mapping(config, "agent")
+        converted = _mapping(trajectory.metadata, "converted_from").get("format")
+        self.fold = converted == "mini-swe-agent-1.1" or (
+            converted is None and agent.get("kind") == MINI_AGENT_KIND and _mini_major(_mapping(agent, "mini")) == 2)
+
+    def _answered(self, message: Message) -> Step | None:
+        """The step an observation reports: its call's (by tool_call_id), else its own."""
+        return self.by_call.get(message.tool_call_id or "") or self.steps.get(message.step)
+
+    def messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        folded: Message | None = None  # a reply that ran nothing, written inside the message that refused it
+        for message in self.trajectory.messages:
+            step = self.steps.get(message.step) if message.step is not None else None
+            if message.role == "exit":
+                continue  # the run's end is written last, from its outcome
+            if message.role == "assistant" and step is not None:
+                if self.fold and all(s.format_error for s in self.call(step)):
+                    folded = message  # 2.x keeps a refused reply inside the message that refused it
+                else:
+                    out.append(self.reply(message, step))
+            elif message in self.unsent:
+                continue
+            elif message.role in ("user", "tool") and step is not None:
+                answered = self._answered(message) or step
+                out.append(self.observation(message, answered, folded if answered.format_error else None))
+                folded = None if answered.format_error else folded
+            else:
+                out.append(self.plain(message))
+        ending = self.ending()
+        return out + [ending] if ending else out
+
+    def call(self, first: Step) -> list[Step]:
+        """The steps of one model call: its first, and the further tool calls of the same reply."""
+        steps = self.trajectory.steps
+        index = steps.index(first)
+        group = [first]
+        for step in steps[index + 1:]:
+            if step.first_of_call:
+                break
+            group.append(step)
+        return group
+
+    @staticmethod
+    def own(message: Message) -> dict[str, Any]:
+        return {"timestamp": message.timestamp, "step": message.step}
+
+    def stamped(self, message: Message, extra: dict[str, Any]) -> dict[str, Any]:
+        stamp = _unix(message.timestamp) if message.timestamp else None
+        if stamp is not None:
+            extra["timestamp"] = stamp
+        return extra
+
+    def plain(self, message: Message) -> dict[str, Any]:
+        data: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_calls:
+            data["tool_calls"] = message.tool_calls
+        if message.tool_call_id is not None:
+            data["tool_call_id"] = message.tool_call_id
+        data["extra"] = self.stamped(message, {"miniswe": self.own(message)})
+        return data
+
+    @staticmethod
+    def model_call(step: Step) -> dict[str, Any]:
+        record = step.to_dict()
+        return {key: record[key] for key in _STEP_CALL}
+
+    def call_extra(self, step: Step) -> dict[str, Any]:
+        return {"response": {"usage": _usage(step.usage), "choices": [{"finish_reason": step.finish_reason}]},
+                "cost": step.usage.cost}
+
+    def reply(self, message: Message, step: Step) -> dict[str, Any]:
+        data: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if message.tool_calls:
+            data["tool_calls"] = message.tool_calls
+        if step.reasoning:
+            data["reasoning_content"] = step.reasoning
+        actions = []
+        for each in self.call(step):
+            if each.command is not None:
+                action: dict[str, Any] = {"command": each.command}
+                if each.tool_call and each.tool_call.get("id"):
+                    action["tool_call_id"] = each.tool_call["id"]
+                actions.append(action)
+        extra = {"actions": actions, **self.call_extra(step)}
+        own = {**self.own(message), "call": self.model_call(step)}
+        unreported = [each.to_dict() for each in self.call(step) if each.step not in self.observed]
+        if unreported:
+            own["results"] = unreported
+        numbers = {each.step for each in self.call(step)}
+        unsent = [m.to_dict() for m in self.unsent if self._answered(m).step in numbers]
+        if unsent:
+            own["unsent"] = unsent
+        data["extra"] = self.stamped(message, {**extra, "miniswe": own})
+        return data
+
+    def observation(self, message: Message, step: Step, reply: Message | None) -> dict[str, Any]:
+        data: dict[str, Any] = {"role": message.role, "content": message.content}
+        if message.tool_call_id is not None:
+            data["tool_call_id"] = message.tool_call_id
+        result = {key: value for key, value in step.to_dict().items() if key != "output"}
+        own: dict[str, Any] = {**self.own(message), "result": result}
+        if step.format_error:
+            extra: dict[str, Any] = {"interrupt_type": "FormatError"}
+            if reply is not None:
+                extra["model_response"] = reply.content
+                if not reply.tool_calls:
+                    extra["n_actions"] = len(re.findall(self.action_regex, reply.content, re.DOTALL))
+                own["reply"] = {"timestamp": reply.timestamp, "tool_calls": reply.tool_calls}
+            if reply is not None or (self.fold and step.first_of_call and message.role == "user"):
+                extra.update(self.call_extra(step))  # the call that was refused, billed all the same
+                own["call"] = self.model_call(step)
+            data["extra"] = {**extra, "miniswe": own}
+            return data
+        exception = ""
+        if step.timed_out:
+            after = f" after {number_text(self.timeout)} seconds" if self.timeout else ""
+            exception = f"An error occurred while executing the command: Command '{step.command}' timed out{after}"
+        elif step.refused:
+            exception = f"The command was refused: {step.refused}"
+        elif step.aborted:
+            exception = f"The command was cut short ({step.aborted})"
+        extra = {"raw_output": step.output, "returncode": -1 if step.timed_out else step.returncode,
+                 "exception_info": exception}
+        if step.timed_out:  # what mini-swe-agent's environments add to the output of a command that raised
+            extra.update(exception_type="TimeoutExpired", exception=exception.split(": ", 1)[1])
+        data["extra"] = self.stamped(message, {**extra, "miniswe": own})
+        return data
+
+    def ending(self) -> dict[str, Any] | None:
+        outcome = self.trajectory.outcome
+        if outcome is None:
+            return None
+        recorded = [m for m in self.trajectory.messages if m.role == "exit"]
+        status = str(outcome.status)
+        content = recorded[-1].content if recorded else (outcome.submission or "") if status == "Submitted" else status
+        extra: dict[str, Any] = {"exit_status": status, "submission": outcome.submission or ""}
+        if outcome.detail:
+            extra["exception_str"] = outcome.detail
+        if recorded:  # the record holds the reference's own exit message (read from its format): kept as a message
+            extra = self.stamped(recorded[-1], {**extra, "miniswe": self.own(recorded[-1])})
+        return {"role": "exit", "content": content, "extra": extra}
+
+
+MINI_AGENT_KIND = "miniswe.mini_config:MiniAgent"
+
+
+def _mini_major(mini: dict[str, Any]) -> int:
+    """The major version of a mini-swe-agent config (mini_config.mini_version, without importing it)."""
+    agent = _mapping(mini, "agent")
+    return 1 if any(key in agent for key in ("action_observation_template", "timeout_template", "format_error_template",
+                                             "action_regex")) else 2
+
+
+def number_text(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _restored(data: dict[str, Any], path: str) -> ConvertedTrajectory:
+    """A trajectory miniswe exported, read back whole: its header from `info.miniswe`, each message's time and step
+    and each step from the messages' `extra.miniswe`, a refused reply brought back before the message that refused it."""
+    info = _mapping(data, "info")
+    document = dict(info["miniswe"])
+    document["format"], document["version"] = FORMAT, VERSION
+    if document.get("source_info") is True:
+        document["source_info"] = {key: value for key, value in info.items() if key != "miniswe"}
+    messages: list[dict[str, Any]] = []
+    steps: dict[int, dict[str, Any]] = {}
+    for raw in data.get("messages") or []:
+        extra = _extra(raw) if isinstance(raw, dict) else {}
+        own = _mapping(extra, "miniswe")
+        if not isinstance(raw, dict) or (raw.get("role") == "exit" and not own):
+            continue  # the run's end, written from its outcome
+        number = own.get("step") if isinstance(own.get("step"), int) else None
+        reply = _mapping(own, "reply")
+        if reply and number is not None:  # a refused reply, written inside the message that refused it
+            messages.append({"role": "assistant", "content": str(extra.get("model_response") or ""),
+                             "timestamp": reply.get("timestamp") or "", "step": number,
+                             **({"tool_calls": reply["tool_calls"]} if reply.get("tool_calls") else {})})
+        if number is not None and isinstance(own.get("call"), dict):
+            steps.setdefault(number, {}).update(own["call"])
+        for record in own.get("results") or []:
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                steps.setdefault(record["step"], {}).update(record)
+        unsent = [m for m in own.get("unsent") or [] if isinstance(m, dict)]
+        result = _mapping(own, "result")
+        if result and isinstance(result.get("step"), int):
+            record = steps.setdefault(result["step"], {})
+            record.update(result)
+            if "raw_output" in extra:
+                record["output"] = str(extra.get("raw_output") or "")
+        message = {"role": raw.get("role"), "content": _text(raw.get("content")), "timestamp": own.get("timestamp") or ""}
+        if number is not None:
+            message["step"] = number
+        if raw.get("tool_calls"):
+            message["tool_calls"] = raw["tool_calls"]
+        if isinstance(raw.get("tool_call_id"), str):
+            message["tool_call_id"] = raw["tool_call_id"]
+        messages.append(message)
+        messages += unsent  # the record of a submission, which the model was never told
+    document["messages"] = messages
+    document["steps"] = [{**record, "step": number} for number, record in sorted(steps.items())]
+    trajectory = ConvertedTrajectory.from_dict(upgrade(document, path), path)
+    trajectory.started = _mapping(document, "timing").get("started")  # unknown stays unknown, not "now"
+    trajectory.source_format = f"{data.get('trajectory_format')} (miniswe's export)"
+    return trajectory

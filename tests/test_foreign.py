@@ -17,6 +17,8 @@ SUBMITTED = os.path.join(REFERENCE, "mini-swe-agent-1-submitted.traj.json")
 LIMITS = os.path.join(REFERENCE, "mini-swe-agent-1-limits-exceeded.traj.json")
 LISTED = os.path.join(REFERENCE, "mini-swe-agent-list-format.traj.json")
 V11 = os.path.join(REFERENCE, "mini-swe-agent-1.1-from-docs.traj.json")
+REAL_TEXT = os.path.join(REFERENCE, "mini-swe-agent-2.4.6-text.traj.json")
+REAL_TOOLS = os.path.join(REFERENCE, "mini-swe-agent-2.4.6-tools.traj.json")
 
 
 def raw(path):
@@ -24,12 +26,14 @@ def raw(path):
         return json.load(handle)
 
 
-@pytest.mark.parametrize("path", [SUBMITTED, LIMITS, LISTED, V11], ids=os.path.basename)
+@pytest.mark.parametrize("path", [SUBMITTED, LIMITS, LISTED, V11, REAL_TEXT, REAL_TOOLS], ids=os.path.basename)
 def test_each_reference_format_becomes_a_trajectory_with_one_step_per_reply(path):
     trajectory = load_any(path)
     data = raw(path)
     messages = data if isinstance(data, list) else data["messages"]
-    replies = sum(1 for m in messages if m["role"] == "assistant")
+    # a step per reply; a tool-calling reply's calls a step each, as miniswe's own tool-calling runs record them
+    replies = sum(max(1, len((m.get("extra") or {}).get("actions") or []) if m.get("tool_calls") else 1)
+                  for m in messages if m["role"] == "assistant")
     format_errors_outside_replies = sum(1 for m in messages if (m.get("extra") or {}).get("interrupt_type") == "FormatError")
     assert isinstance(trajectory, Trajectory) and isinstance(trajectory, ConvertedTrajectory)
     assert len(trajectory.steps) == replies + format_errors_outside_replies
@@ -98,7 +102,8 @@ def test_version_1_1_keeps_whole_outputs_durations_and_usage():
     # the model saw head and tail; 1.1 kept the whole output in extra.raw_output
     assert long.output == "".join(f"row {i}\n" for i in range(3000)) and long.elided_chars == 0
     assert refused.format_error == "several_actions" and refused.thought == "THOUGHT: two at once."
-    assert slow.timed_out and slow.duration_s == 60.0 and "timed out" in slow.output
+    # killed at its timeout: timed out with no return code (mini-swe-agent wrote -1), its output as it was
+    assert slow.timed_out and slow.returncode is None and slow.duration_s == 60.0 and slow.output == ""
     assert submit.output == trajectory.outcome.submission and trajectory.outcome.status is ExitStatus.SUBMITTED
     assert listing.usage.prompt_tokens == 1200 and listing.usage.total_tokens == 1240 and listing.usage.cost == 0.0021
     assert trajectory.usage.total_tokens == 5775 and trajectory.usage.model_calls == 5
@@ -194,3 +199,24 @@ def test_a_reference_run_replays_with_miniswe(cli, tmp_path):
     assert result.returncode == 1, result.stderr
     assert result.stdout.startswith("diverged at step 2"), "step 1 matched; step 2's folder differs"
     assert "+0" in result.stdout and "-7" in result.stdout
+
+
+def test_real_2x_runs_text_and_tool_calls():
+    """Trajectories mini-swe-agent 2.4.6's own DefaultAgent wrote (tests/data/reference/README.md)."""
+    text = load_any(REAL_TEXT)
+    assert [s.format_error for s in text.steps] == [None, "several_actions", None, "no_action", None, None]
+    first, refused = text.steps[0], text.steps[1]
+    assert (first.command, first.returncode, first.output) == ("printf hello; echo err >&2; exit 3", 3, "helloerr\n")
+    # the refused reply is kept before the message that refused it (the model never saw it again)
+    numbered = [m for m in text.messages if m.step == refused.step]
+    assert [m.role for m in numbered] == ["assistant", "user"] and numbered[0].content.startswith("Two at once.")
+    assert text.steps[4].timed_out and text.outcome.submission == "the-patch"
+    tools = load_any(REAL_TOOLS)
+    assert tools.config["protocol"]["kind"] == "tools"
+    calls = [(s.step, s.command, (s.tool_call or {}).get("id"), s.usage.model_calls) for s in tools.steps if s.tool_call]
+    assert calls[1:3] == [(3, "seq 1 3000", "call_b", 1), (4, "echo second", "call_c", 0)]
+    assert [s.format_error for s in tools.steps if s.format_error] == ["no_tool_call", "unknown_tool"]
+    answered = {m.tool_call_id: m.step for m in tools.messages if m.role == "tool"}
+    assert answered["call_b"] == 3 and answered["call_c"] == 4
+    assert tools.usage.model_calls == 6 and tools.outcome.submission == "the-patch"
+    config_from_record(tools.config)
