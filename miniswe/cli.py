@@ -254,7 +254,7 @@ def batch(
 
     try:
         from miniswe.batch.run import BatchOptions, default_run_dir
-        from miniswe.swebench.evaluate import batch_sources
+        from miniswe.batch.evaluate import batch_sources
 
         cfg = resolve_config([*batch_sources(tasks), *config], flags)  # SWE-bench lists: the shipped benchmark config first
         options = BatchOptions(
@@ -286,7 +286,7 @@ def evaluate(
     from miniswe.errors import MinisweError
 
     try:
-        from miniswe.swebench.evaluate import evaluate as grade_run
+        from miniswe.batch.evaluate import evaluate as grade_run
 
         result = grade_run(run_dir, tasks=tasks, split=split, workers=workers, regrade=regrade, timeout=timeout,
                            quiet=quiet, command=_rerun_command("evaluate", run_dir, run_dir))

@@ -93,7 +93,7 @@ class Settings(BaseModel):
 
 
 class AgentConfig(Settings):
-    kind: str = "default"  # default (the built-in loop), or package.module:Class
+    kind: str = "default"  # default (the built-in loop), chat, mini-swe-agent (a mini-swe-agent config's prompts), or package.module:Class
     step_limit: Count = 100  # model calls per run, format errors included; 0 = unlimited
     token_limit: Count = 0  # cumulative total tokens (prompt + completion) per run; 0 = unlimited
     cost_limit: Number = 0.0  # cumulative cost in USD per run; 0 = unlimited

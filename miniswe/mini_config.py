@@ -2,9 +2,9 @@
 by its shape and read into miniswe's sections.
 
 What it maps (docs/configuration.md, "mini-swe-agent configs"):
-- its templates, rendered as mini-swe-agent renders them (templates.MiniTemplates) by the agent kind
-  `miniswe.mini_config:MiniAgent`: the default loop, whose system, instance, observation and format error messages
-  are mini-swe-agent's, over mini-swe-agent's variables; the config as written is kept whole in `agent.mini`;
+- its templates, rendered as mini-swe-agent renders them by the agent kind `mini-swe-agent` (mini_agent.py): the
+  default loop, whose system, instance, observation and format error messages are mini-swe-agent's, over
+  mini-swe-agent's variables; the config as written is kept whole in `agent.mini`;
 - its limits, its environment (local or docker; cwd, env, timeout, image, ...), its model (name, kwargs; the
   class decides text or tool calls: `protocol.kind`), its action regex (text replies are read with it, as
   mini-swe-agent reads them) and its submit marker;
@@ -17,18 +17,13 @@ silently. A later `-c` (file or key=value) overrides what it set, as for any con
 
 from __future__ import annotations
 
-import json
 import re
 import sys
-import time
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, BeforeValidator
-
-from miniswe.config import AgentConfig, as_mapping
 from miniswe.errors import ConfigError
 
-MINI_AGENT_KIND = "miniswe.mini_config:MiniAgent"
+MINI_AGENT_KIND = "mini-swe-agent"  # the agent kind (mini_agent.MiniAgent) a translated config runs with
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 V1_MARKER = "MINI_SWE_AGENT_FINAL_OUTPUT"  # 1.x accepted this one too
 # Keys only mini-swe-agent's configs have (miniswe's sections have none of them): a file with one is its config.
@@ -68,6 +63,11 @@ MINI_BASH_TOOL = {"type": "function", "function": {
     "name": "bash", "description": "Execute a bash command",
     "parameters": {"type": "object", "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
                    "required": ["command"]}}}
+MINI_TEXT_REGEX = r"```mswea_bash_command\s*\n(.*?)\n```"  # what 2.x's text-based models look for
+# What of a mini-swe-agent model's settings the model kind it becomes has (this module sits below config.py, so
+# it names them rather than asking the kinds' settings classes; tests/test_mini_config.py keeps them equal).
+MODEL_FIELDS = {"openai": {"base_url", "api_key_env", "temperature", "params", "timeout"},
+                "litellm": {"api_base", "api_key_env", "temperature", "params", "timeout", "cache_control"}}
 _told: set[str] = set()  # the notices printed by this process
 
 
@@ -291,9 +291,6 @@ class _Translation:
 
     # -- model --------------------------------------------------------------------------------------------------
     def _model(self, protocol: str | None) -> None:
-        from miniswe.config import settings_class
-        from miniswe.plugins import KINDS
-
         model = self.sections["model"]
         if not model:
             return
@@ -303,11 +300,7 @@ class _Translation:
         ours: dict[str, Any] = {}
         kind = "openai"
         if family in ("litellm", "anthropic"):  # 1.x's anthropic class called litellm too
-            if "litellm" in KINDS["model"]:
-                kind = "litellm"
-            else:
-                self.unused.append(f"model.model_class {named} (no litellm model kind here: miniswe calls an "
-                                   "OpenAI-compatible endpoint, --base-url)")
+            kind = "litellm"
         elif family in ROUTERS:
             ours["base_url"], ours["api_key_env"] = ROUTERS[family]
         elif family == "portkey":
@@ -316,7 +309,7 @@ class _Translation:
             self.unused.append(f"model.model_class {named} (a Python class miniswe cannot run: it calls an "
                                "OpenAI-compatible endpoint, --base-url)")
         ours["kind"] = kind
-        fields = settings_class("model", kind).model_fields
+        fields = MODEL_FIELDS[kind]
         if model.get("model_name"):
             ours["name"] = str(model["model_name"])
         kwargs = model.get("model_kwargs") or {}
@@ -383,176 +376,3 @@ def template_problem(mini: dict[str, Any]) -> str | None:
         except re.error as error:
             return f"agent.action_regex: not a valid regular expression ({error})"
     return None
-
-
-def _checked(mini: dict[str, Any]) -> dict[str, Any]:
-    problem = template_problem(mini)
-    if problem:
-        raise ValueError(problem)
-    agent = mini.get("agent") if isinstance(mini.get("agent"), dict) else {}
-    missing = [key for key in ("system_template", "instance_template") if key not in agent]
-    if mini_version(mini) == 2 and missing:  # 1.x had defaults for them; 2.x requires both
-        raise ValueError(f"agent.{missing[0]} is missing: a mini-swe-agent config's prompts come from a file that has "
-                         "them (-c its config before files that only change its model or environment)")
-    return mini
-
-
-class MiniAgentConfig(AgentConfig):
-    kind: str = MINI_AGENT_KIND
-    # the mini-swe-agent config as written (its agent, environment and model sections): its templates, and the
-    # settings its templates see as variables
-    mini: Annotated[dict[str, Any], BeforeValidator(as_mapping), AfterValidator(_checked)] = {}
-
-
-# -- the agent ---------------------------------------------------------------------------------------------------
-def _build_agent() -> type:
-    """MiniAgent, built on first use: reading a config file does not import the agent loop."""
-    from miniswe.agent import Agent
-    from miniswe.protocol import BASH, Action, FormatError, TextProtocol, ToolProtocol
-    from miniswe.templates import MiniTemplates, number
-
-    class MiniFormatError(FormatError):
-        """A reply mini-swe-agent refuses, with what its format error template is given."""
-
-        def __init__(self, kind: str, message: str, actions: list[str], finish_reason: str | None,
-                     has_tool_calls: bool | None = None):
-            super().__init__(kind, message)
-            self.actions, self.finish_reason, self.has_tool_calls = actions, finish_reason, has_tool_calls
-
-    class MiniTextProtocol(TextProtocol):
-        """A text reply read with the config's action regex, as mini-swe-agent reads one: exactly one match runs."""
-
-        def __init__(self, config: Any, regex: str, version: int):
-            super().__init__(config)
-            self.regex, self.version = regex, version
-
-        def actions(self, reply: Any) -> list[Any]:
-            found = re.findall(self.regex, reply.content or "", re.DOTALL)
-            if len(found) == 1:
-                return [Action(BASH, str(found[0]).strip())]
-            kind = "truncated" if reply.finish_reason == "length" else "several_actions" if found else "no_action"
-            shown = [str(a) for a in found] if self.version == 1 else [str(a).strip() for a in found]
-            error = MiniFormatError(kind, f"Expected exactly 1 action, found {len(found)}.", shown, reply.finish_reason)
-            return [Action(BASH, None, error=error)]
-
-    class MiniToolProtocol(ToolProtocol):
-        """mini-swe-agent's tool calling: its one bash tool offered; a reply with no call, or any call that is not
-        bash with a command, is refused whole (nothing of it runs), as its parse_toolcall_actions refuses it."""
-
-        def request(self) -> dict[str, Any]:
-            return {"tools": [MINI_BASH_TOOL]}
-
-        def actions(self, reply: Any) -> list[Any]:
-            calls, finish = reply.tool_calls, reply.finish_reason
-            if not calls:
-                error = MiniFormatError("truncated" if finish == "length" else "no_tool_call",
-                                        "No tool calls found in the response. Every response MUST include at least one "
-                                        "tool call.", [], finish, False)
-                return [Action(BASH, None, error=error)]
-            actions = []
-            for index, call in enumerate(calls):
-                problem, kind, arguments = "", "bad_arguments", {}
-                try:
-                    arguments = json.loads(call.arguments)
-                except Exception as error:  # noqa: BLE001 - mini-swe-agent catches any, and shows its text
-                    problem = f"Error parsing tool call arguments: {error}."
-                if call.name != "bash":
-                    problem += f"Unknown tool '{call.name}'."
-                    kind = "unknown_tool"
-                if not isinstance(arguments, dict) or "command" not in arguments:
-                    problem += "Missing 'command' argument in bash tool call."
-                if problem:
-                    return [Action(BASH, None, error=MiniFormatError(kind, problem.strip(), [], finish, True))]
-                command = arguments["command"] if isinstance(arguments["command"], str) else json.dumps(arguments["command"])
-                actions.append(Action(BASH, command, {"command": command}, call, index))
-            return actions
-
-    class MiniAgent(Agent):
-        """The default loop, saying what mini-swe-agent says: its system and instance prompts, observations and
-        format errors rendered from the config's own templates over mini-swe-agent's variables; replies read as
-        it reads them (its action regex; its one bash tool). 2.x keeps a refused reply out of the conversation,
-        as mini-swe-agent does (the trajectory keeps it)."""
-
-        config_class = MiniAgentConfig
-
-        def __init__(self, ctx: Any, model: Any, env: Any):
-            super().__init__(ctx, model, env)
-            config = self.config
-            mini = config.agent.mini
-            self.mini = MiniTemplates(
-                mini, version=mini_version(mini), textbased=config.protocol.kind != "tools",
-                environment="docker" if config.environment.kind == "docker" else "local",
-                interactive=_interactive(mini))
-            if config.protocol.kind == "tools":
-                self.protocol = MiniToolProtocol(config, self.tools.offered)
-            else:
-                self.protocol = MiniTextProtocol(config, self.mini.action_regex, self.mini.version)
-            self.compactor.request = self.protocol.request
-            self.task_variables: dict[str, Any] = {}
-            _, unused = translate(mini, "agent.mini") if mini else ({}, [])
-            for item in unused:
-                self.trajectory.warn(f"mini-swe-agent config: not used: {item}", once=True)
-
-        def run(self, task: str, instance: dict[str, Any] | None = None) -> Any:
-            fields = {key: value for key, value in (instance or {}).items() if isinstance(key, str)}
-            self.task_variables = {**fields, "task": task}
-            return super().run(task, instance)
-
-        def mini_variables(self) -> dict[str, Any]:
-            config, usage = self.config, self.trajectory.usage
-            env = config.environment
-            live = {"step_limit": config.agent.step_limit, "cost_limit": config.agent.cost_limit,
-                    "wall_time_limit_seconds": int(config.agent.time_limit),
-                    "max_consecutive_format_errors": config.agent.max_format_errors,
-                    "cwd": env.cwd, "env": dict(env.env), "timeout": number(env.timeout), "model_name": config.model.name}
-            for key in ("image", "forward_env", "executable"):
-                if hasattr(env, key):
-                    live[key] = list(getattr(env, key)) if key == "forward_env" else getattr(env, key)
-            return self.mini.variables(live, n_model_calls=usage.model_calls, model_cost=usage.cost,
-                                       elapsed_seconds=int(time.monotonic() - self.limits.started),
-                                       extra=self.task_variables)
-
-        def render(self, template: str, **variables: Any) -> str:
-            if template == "system.j2":
-                return self.mini.system(self.mini_variables())
-            if template == "instance.j2":
-                return self.mini.instance(self.mini_variables())
-            return super().render(template, **variables)
-
-        def _result(self, step: Any, timeout: float) -> str:
-            if step.refused or step.aborted:  # miniswe's own: mini-swe-agent has no word for these
-                return super()._result(step, timeout)
-            reply = next((m.get("content") or "" for m in reversed(self.messages) if m.get("role") == "assistant"), "")
-            return self.mini.observation(self.mini_variables(), command=step.command or "", output=step.output,
-                                         returncode=step.returncode, timed_out=step.timed_out, timeout=timeout,
-                                         reply=reply)
-
-        def _reject(self, step: Any, error: Any) -> Any:
-            limit = self.config.agent.max_format_errors
-            if (limit and self.format_errors >= limit) or not isinstance(error, MiniFormatError):
-                return super()._reject(step, error)
-            text = self.mini.format_error(self.mini_variables(), error=str(error), actions=error.actions,
-                                          finish_reason=error.finish_reason, has_tool_calls=error.has_tool_calls)
-            if self.mini.version == 2 and self.messages and self.messages[-1].get("role") == "assistant":
-                self.messages.pop()  # 2.x raises before the reply joins the conversation
-            return self._after(step, lambda: text)
-
-    MiniAgent.__module__ = __name__
-    MiniAgent.__qualname__ = "MiniAgent"
-    return MiniAgent
-
-
-def _interactive(mini: dict[str, Any]) -> bool:
-    agent = mini.get("agent") if isinstance(mini.get("agent"), dict) else {}
-    return "interactive" in str(agent.get("agent_class") or "").lower() or "mode" in agent
-
-
-_built: dict[str, type] = {}
-
-
-def __getattr__(name: str) -> Any:
-    if name == "MiniAgent":
-        if name not in _built:
-            _built[name] = _build_agent()
-        return _built[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,10 +26,10 @@ import time
 from typing import Any
 
 from miniswe.errors import RecordError, TrajectoryError, UsageError
+from miniswe.mini_config import MINI_AGENT_KIND, MINI_TEXT_REGEX, mini_version
 from miniswe.protocol import FormatError, parse_command, thought_of
 from miniswe.redaction import Secrets, masked_config, secret_entries
 from miniswe.status import ExitStatus, Outcome
-from miniswe.templates import MINI_TEXT_REGEX
 from miniswe.trajectory import FORMAT, VERSION, Message, Step, Trajectory, iso_time, read_document, upgrade
 from miniswe.usage import Usage, figure
 
@@ -737,7 +737,7 @@ class _Exporter:
         agent = _mapping(config, "agent")
         converted = _mapping(trajectory.metadata, "converted_from").get("format")
         self.fold = converted == "mini-swe-agent-1.1" or (
-            converted is None and agent.get("kind") == MINI_AGENT_KIND and _mini_major(_mapping(agent, "mini")) == 2)
+            converted is None and agent.get("kind") == MINI_AGENT_KIND and mini_version(_mapping(agent, "mini")) == 2)
 
     def _answered(self, message: Message) -> Step | None:
         """The step an observation reports: its call's (by tool_call_id), else its own."""
@@ -876,16 +876,6 @@ class _Exporter:
         if recorded:  # the record holds the reference's own exit message (read from its format): kept as a message
             extra = self.stamped(recorded[-1], {**extra, "miniswe": self.own(recorded[-1])})
         return {"role": "exit", "content": content, "extra": extra}
-
-
-MINI_AGENT_KIND = "miniswe.mini_config:MiniAgent"
-
-
-def _mini_major(mini: dict[str, Any]) -> int:
-    """The major version of a mini-swe-agent config (mini_config.mini_version, without importing it)."""
-    agent = _mapping(mini, "agent")
-    return 1 if any(key in agent for key in ("action_observation_template", "timeout_template", "format_error_template",
-                                             "action_regex")) else 2
 
 
 def number_text(value: float) -> str:

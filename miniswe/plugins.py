@@ -12,7 +12,8 @@ from miniswe.errors import ConfigError
 # The built-in kinds of each pluggable config section, by short name. Strings, not classes: naming a kind
 # imports nothing.
 KINDS = {
-    "agent": {"default": "miniswe.agent:Agent", "chat": "miniswe.chat.agent:ChatAgent"},
+    "agent": {"default": "miniswe.agent:Agent", "chat": "miniswe.chat.agent:ChatAgent",
+              "mini-swe-agent": "miniswe.mini_agent:MiniAgent"},
     "environment": {
         "local": "miniswe.environments.local:LocalEnvironment",
         "docker": "miniswe.environments.docker:DockerEnvironment",

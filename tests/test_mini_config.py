@@ -207,7 +207,7 @@ def local_copy(data: dict, cwd: Path, **agent: int) -> dict:
 
 
 def merged(*files: Path) -> dict:
-    from miniswe.templates import recursive_merge
+    from miniswe.mini_agent import recursive_merge
 
     return recursive_merge(*(yaml.safe_load(path.read_text()) for path in files))
 
@@ -311,3 +311,12 @@ def test_a_run_of_its_config_exports_as_mini_swe_agent_writes_its_own(tmp_path, 
         assert {key: extra.get(key) for key in SHARED_EXTRA if key in expected} == \
                {key: expected[key] for key in SHARED_EXTRA if key in expected}, where
         assert set(expected) - {"response"} <= set(extra), f"{where}: {sorted(set(expected) - set(extra))} missing"
+
+
+def test_the_model_settings_a_mini_config_may_set_are_the_kinds_own():
+    # mini_config sits below config.py and names them; each must be a setting of that model kind
+    from miniswe.config import settings_class
+    from miniswe.mini_config import MODEL_FIELDS
+
+    for kind, names in MODEL_FIELDS.items():
+        assert names <= set(settings_class("model", kind).model_fields), kind

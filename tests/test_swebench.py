@@ -59,7 +59,7 @@ def test_dataset_names_aliases_and_files_are_told_apart(tmp_path):
 def test_an_instance_without_an_image_gets_the_harness_name_and_the_benchmark_config_fills_it(tmp_path):
     from miniswe.batch.plan import plan_tasks
     from miniswe.swebench.datasets import with_benchmark
-    from miniswe.swebench.evaluate import batch_sources as benchmark_sources
+    from miniswe.batch.evaluate import batch_sources as benchmark_sources
 
     path = tmp_path / "lite.jsonl"
     path.write_text(json.dumps(instance_row("django__django-11099")) + "\n"
@@ -427,7 +427,7 @@ def test_grading_in_the_run_agrees_with_the_official_harness(tmp_path, instance_
 @pytest.mark.xdist_group("swebench-image")
 def test_evaluate_regrades_a_finished_batch_and_inspect_shows_the_tests(tmp_path, instance_image, capsys):
     from miniswe.inspector import InspectOptions, inspect_paths
-    from miniswe.swebench.evaluate import evaluate
+    from miniswe.batch.evaluate import evaluate
 
     image, base_commit = instance_image
     dataset = write_instance(tmp_path, image, base_commit)

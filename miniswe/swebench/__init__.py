@@ -4,7 +4,8 @@
                  benchmark config (config/swebench.yaml) applied to SWE-bench task lists
     grading.py   one submitted patch graded in a fresh container from the instance's image, with the
                  harness's test spec, log parser and report (the `swebench` package, an optional extra)
-    evaluate.py  `miniswe evaluate RUN_DIR`: grade, or regrade, a finished batch the same way
+
+`miniswe evaluate RUN_DIR` (grade, or regrade, a finished batch the same way) is batch/evaluate.py.
 
 The optional packages are imported only when used: a batch of plain tasks never loads them.
 """
