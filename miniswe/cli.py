@@ -459,6 +459,27 @@ def inspect_command(
 
 
 @app.command()
+def export(
+    trajectory: Annotated[str, typer.Argument(help="A trajectory file, or a batch run directory.")],
+    format: Annotated[str, typer.Option("--format", help="The format to write: mini-swe-agent (trajectory_format mini-swe-agent-1.1).")] = "mini-swe-agent",
+    output: Annotated[Optional[str], typer.Option("-o", "--output", help="A file (default X.mini.traj.json beside X.traj.json), or for a run directory a folder (default RUN_DIR.mini-swe-agent).")] = None,
+) -> None:
+    """Write a trajectory, or every task of a batch run directory, in mini-swe-agent's format.
+
+    Exit codes: 0 written, 2 bad input (an unreadable trajectory, an unknown format), 3 the output could not be written.
+    """
+    from miniswe.errors import MinisweError
+    from miniswe.mini_swe_agent import export as export_one, export_batch
+
+    try:
+        written = export_batch(trajectory, output, format) if os.path.isdir(trajectory) else [export_one(trajectory, output, format)]
+    except MinisweError as error:
+        fail(error)
+    for path in written:
+        print(path)
+
+
+@app.command()
 def merge(
     run_dirs: Annotated[list[str], typer.Argument(help="Run directories of the shards.")],
     output: Annotated[str, typer.Option("-o", "--output", help="New run directory for the merged run.")],

@@ -115,7 +115,9 @@ def native_runs(cli, server, tmp_path) -> list[Path]:
 def test_miniswe_to_mini_swe_agent_and_back_keeps_everything(cli, server, tmp_path):
     for path in native_runs(cli, server, tmp_path):
         recorded = load(str(path))
-        written = export(str(path))
+        done = cli("export", str(path))  # as a user types it; the path written is what it prints
+        assert done.returncode == 0, done.stderr
+        written = done.stdout.strip()
         assert written == default_export_path(str(path)) and written.endswith(".mini.traj.json")
         document = json.loads(Path(written).read_text())
         info = document["info"]
