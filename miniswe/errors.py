@@ -7,6 +7,7 @@
     │   └── TrajectoryError
     ├── ModelError        endpoint unreachable, refused, or broken after retries      → exit 3
     ├── SandboxError      the environment could not run a command                     → exit 3
+    │   └── PullError     its image could not be pulled, after the retries it deserves (→ PullError)
     ├── RecordError       a run's files could not be written (read-only, disk full)   → exit 3
     ├── DeadlineReached   agent.time_limit passed during a model call or a wait        (→ TimeExceeded)
     └── Cancelled         a stop request cut a model call or a wait short              (→ the stop's outcome)
@@ -53,6 +54,15 @@ class ContextLengthError(ModelError):
 
 class SandboxError(MinisweError):
     pass
+
+
+class PullError(SandboxError):
+    """An image that could not be pulled (environments/images.py). `kind`: rate_limit, disk (the engine's disk is
+    full), permanent, transient (retries used up), or failed (an earlier pull of it in this batch failed)."""
+
+    def __init__(self, message: str, kind: str = "transient"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class RecordError(MinisweError):

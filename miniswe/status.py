@@ -25,6 +25,7 @@ class ExitStatus(str, Enum):
     MODEL_ERROR = "ModelError"
     SANDBOX_ERROR = "SandboxError"
     SANDBOX_DESTROYED = "SandboxDestroyed"  # the agent's own command broke its container
+    PULL_ERROR = "PullError"  # the task's image could not be pulled: the agent never ran
     SETUP_ERROR = "SetupError"
     ERROR = "Error"
 
@@ -38,7 +39,7 @@ AGENT_OUTCOMES = frozenset(
      ExitStatus.REPEATED_ACTION, ExitStatus.SANDBOX_DESTROYED}
 )
 INFRA_FAILURES = frozenset(
-    {ExitStatus.MODEL_ERROR, ExitStatus.SANDBOX_ERROR, ExitStatus.SETUP_ERROR, ExitStatus.ERROR}
+    {ExitStatus.MODEL_ERROR, ExitStatus.SANDBOX_ERROR, ExitStatus.SETUP_ERROR, ExitStatus.ERROR, ExitStatus.PULL_ERROR}
 )
 
 EXIT_SUBMITTED = 0
@@ -86,6 +87,8 @@ def outcome_of(error: BaseException, stop: Outcome | None = None) -> Outcome:
         return stop or interrupted("SIGINT")
     if isinstance(error, errors.ModelError):
         own = Outcome(ExitStatus.MODEL_ERROR, str(error))
+    elif isinstance(error, errors.PullError):
+        own = Outcome(ExitStatus.PULL_ERROR, str(error))
     elif isinstance(error, errors.SandboxError):
         # a sandbox the agent's own command broke would be broken again by a rerun: the agent's outcome
         wrecked = getattr(error, "by_agent_command", None)

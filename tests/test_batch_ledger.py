@@ -33,7 +33,8 @@ def test_report_numbers_from_a_known_ledger(tmp_path):
     records = list(read_records(str(tmp_path / "results.jsonl")).values())
     report = build_report(records)
     assert list(report) == ["tasks", "by_status", "resolved", "evaluated", "resolved_rate", "steps", "tokens", "cost", "wall_s",
-                            "infra_failures", "grading"]
+                            "infra_failures", "grading", "time", "images"]
+    assert report["images"] is None  # no image was pulled by the batch's pools
     assert report["grading"] is None  # nothing was graded by the SWE-bench harness
     assert report["tasks"] == 5
     assert report["by_status"] == {"Submitted": 3, "LimitsExceeded": 1, "ModelError": 1}

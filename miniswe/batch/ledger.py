@@ -51,6 +51,10 @@ class LedgerRecord:
     # SWE-bench grading (swebench/grading.py): status, resolved, detail, per-test results, wall_s apart from the
     # agent's, harness version, log path; None when not graded
     grade: dict[str, Any] | None = None
+    model_s: float = 0.0  # of wall_s, the time spent in model calls
+    # the task's image: name, wait (none, pull, budget, or failed), wait_s (before the run, apart from wall_s),
+    # pull_s and budget_s (of wait_s: waiting for a pull, and for room under the image budget), bytes its pull added
+    image: dict[str, Any] | None = None
 
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory, *, task_id: str, relative_path: str, has_eval: bool, model: str,
@@ -64,6 +68,7 @@ class LedgerRecord:
             resolved=trajectory.resolved, has_eval=has_eval, steps=len(trajectory.steps), model_calls=usage.model_calls,
             tokens=usage.total_tokens, prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
             cost=usage.cost, wall_s=round(wall_s, 3), trajectory=relative_path,
+            model_s=round(sum(step.latency_s or 0.0 for step in trajectory.steps), 3),
             submission=outcome.submission if outcome else None, model=model, attempt=attempt, started=started, ended=now(),
         )
 

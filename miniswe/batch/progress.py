@@ -45,6 +45,10 @@ class BatchState:
             if task_id in self.running:
                 self.running[task_id]["grading"] = True
 
+    def task_pulling(self, task_id: str, image: str) -> None:
+        with self.lock:
+            self.running[task_id] = {"started": time.monotonic(), "step": 0, "pulling": image}
+
     def task_step(self, task_id: str, step: int, tokens: int, cost: float) -> None:
         with self.lock:
             if task_id in self.running:
@@ -77,6 +81,9 @@ def task_line(record: LedgerRecord, state: BatchState) -> str:
     if grade.get("status") not in (None, "resolved", "unresolved"):
         resolved += f" ({grade['status']})"  # why it is not resolved, or why it was not graded
     graded = f" · graded in {grade.get('wall_s') or 0:.1f}s" if grade else ""
+    image = record.image or {}
+    if image.get("wait") in ("pull", "budget"):  # what the task waited for before it started, apart from its time
+        graded = f" · waited {image.get('wait_s') or 0:.1f}s for its image" + (" (budget)" if image["wait"] == "budget" else "") + graded
     return (
         f"[{state.done:>{width}}/{state.total}] {record.id} {record.exit_status}{resolved} · "
         f"{record.steps} steps · {record.tokens:,} tokens · ${record.cost:.4f} · {record.wall_s:.1f}s{graded}"
@@ -159,7 +166,8 @@ class RichProgress:
         table.add_column("elapsed", justify="right")
         now = time.monotonic()
         for task_id, info in running[:MAX_RUNNING_ROWS]:
-            table.add_row(task_id, "grading" if info.get("grading") else str(info["step"]), _duration(now - info["started"]))
+            what = "grading" if info.get("grading") else "image" if info.get("pulling") else str(info["step"])
+            table.add_row(task_id, what, _duration(now - info["started"]))
         if len(running) > MAX_RUNNING_ROWS:
             table.add_row(f"... {len(running) - MAX_RUNNING_ROWS} more", "", "")
         lines = [Text(head, style="bold"), Text(counts or "no task finished yet", style="dim"), Text(f"{usage} · {speed}", style="dim")]

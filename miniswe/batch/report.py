@@ -13,6 +13,7 @@ from typing import Any
 
 from miniswe.batch.ledger import LEDGER, LedgerRecord, read_records
 from miniswe.batch.rundir import RunDir
+from miniswe.environments.images import human
 from miniswe.errors import UsageError
 from miniswe.status import ExitStatus, is_agent_outcome, is_infra_failure
 METRICS = ("steps", "tokens", "cost", "wall_s")
@@ -30,8 +31,9 @@ def load_run(run_dir: str) -> tuple[list[LedgerRecord], dict[str, Any] | None]:
     return list(read_records(ledger).values()), run
 
 
-def build_report(records: list[LedgerRecord]) -> dict[str, Any]:
-    """The report's numbers; keys are documented in docs/batch-and-ray.md and stable."""
+def build_report(records: list[LedgerRecord], run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report's numbers; keys are documented in docs/batch-and-ray.md and stable. `run` (run.json) adds what
+    the batch's image pools did."""
     evaluated = [r for r in records if r.has_eval or r.resolved is not None]
     resolved = sum(1 for r in records if r.resolved is True)
     return {
@@ -47,7 +49,36 @@ def build_report(records: list[LedgerRecord]) -> dict[str, Any]:
             if is_infra_failure(r.exit_status)
         ],
         "grading": grading_summary(records),
+        "time": time_split(records),
+        "images": images_summary(run),
     }
+
+
+def time_split(records: list[LedgerRecord]) -> dict[str, Any]:
+    """Where the tasks' time went, summed over tasks: the agent's runs (model calls apart), the waits for images
+    before them (for a pull, for room under the image budget) and grading; and how many tasks waited for what."""
+    images = [r.image for r in records if r.image]
+    agent = sum(float(r.wall_s or 0) for r in records)
+    model = sum(float(r.model_s or 0) for r in records)
+    return {
+        "agent_s": round(agent, 3), "model_s": round(model, 3),
+        "image_wait_s": round(sum(float(i.get("wait_s") or 0) for i in images), 3),
+        "pull_wait_s": round(sum(float(i.get("pull_s") or 0) for i in images), 3),
+        "budget_wait_s": round(sum(float(i.get("budget_s") or 0) for i in images), 3),
+        "grading_s": round(sum(float(r.grade.get("wall_s") or 0) for r in records if r.grade), 3),
+        "image_waits": dict(Counter(str(i.get("wait")) for i in images).most_common()),
+    }
+
+
+def images_summary(run: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the batch's image pools did over every invocation (run.json): pulls, bytes pulled, time spent pulling
+    (ahead of the tasks or not), removals, the peak disk the batch's images took against the budget."""
+    found = [i["images"] for i in (run or {}).get("invocations") or [] if isinstance(i.get("images"), dict)]
+    if not found:
+        return None
+    total = {key: sum(int(f.get(key) or 0) for f in found) for key in ("pulls", "failed", "bytes_pulled", "removed", "rate_limited")}
+    return {**total, "pull_s": round(sum(float(f.get("pull_s") or 0) for f in found), 3),
+            "peak_disk": max(int(f.get("peak_disk") or 0) for f in found), "budget": int(found[-1].get("budget") or 0)}
 
 
 def grading_summary(records: list[LedgerRecord]) -> dict[str, Any] | None:
@@ -115,6 +146,7 @@ def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: di
     if any(r.cost for r in records):
         priciest = sorted(records, key=lambda r: -(r.cost or 0))[:TOP]
         lines.append("Most expensive: " + ", ".join(f"`{r.id}` ${r.cost or 0:.4f}" for r in priciest))
+    lines += time_lines(report.get("time"), report.get("images"))
     failures = report["infra_failures"]
     interrupted = report["by_status"].get(str(ExitStatus.INTERRUPTED), 0)
     if failures:
@@ -149,6 +181,37 @@ def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: di
     if run and run.get("missing_shards"):
         lines += [f"**Not merged:** shard(s) {', '.join(run['missing_shards'])}; this report covers part of the task list.", ""]
     return "\n".join(lines)
+
+
+def time_lines(split: dict[str, Any] | None, images: dict[str, Any] | None) -> list[str]:
+    """The report's "Where the time went": the tasks' time apart, then what the image pools did."""
+    if not split:
+        return []
+    rows = [("model calls", split["model_s"]), ("commands and the rest of the agent's runs", split["agent_s"] - split["model_s"]),
+            ("waiting for image pulls", split["pull_wait_s"]), ("queued behind the image budget", split["budget_wait_s"]),
+            ("grading", split["grading_s"])]
+    total = sum(max(0.0, seconds) for _, seconds in rows)
+    if not total:
+        return []
+    lines = ["", "## Where the time went", "", "| summed over tasks | seconds | share |", "| --- | ---: | ---: |"]
+    for label, seconds in rows:
+        if seconds > 0 or label == "model calls":
+            lines.append(f"| {label} | {seconds:.1f} | {max(0.0, seconds) / total:.1%} |")
+    waits = split.get("image_waits") or {}
+    if waits:
+        said = {"none": "started at once", "pull": "waited for a pull", "budget": "queued behind the budget",
+                "failed": "could not get their image"}
+        lines += ["", "Tasks by image wait: " + ", ".join(f"{count} {said.get(wait, wait)}" for wait, count in waits.items()) + "."]
+    if images:
+        budget = f" of a {human(images['budget'])} budget" if images.get("budget") else " (no budget)"
+        line = (f"Images: {images['pulls']} pulled ({human(images['bytes_pulled'])}, {images['pull_s']:.1f}s of pulling, "
+                f"much of it while tasks ran), {images['removed']} removed; peak image disk {human(images['peak_disk'])}{budget}.")
+        if images.get("failed"):
+            line += f" {images['failed']} could not be pulled."
+        if images.get("rate_limited"):
+            line += f" Registries rate-limited pulls {images['rate_limited']} time(s)."
+        lines += ["", line]
+    return lines
 
 
 def _last_line(text: Any) -> str:

@@ -29,6 +29,8 @@ from miniswe.batch.tasks import TaskFile, load_task_list
 from miniswe.batch.threads import ThreadExecutor
 from miniswe.batch.worker import recovered
 from miniswe.config import Config
+from miniswe.environments.images import LEDGER as IMAGE_LEDGER
+from miniswe.environments.images import BatchImages, ImagePolicy, need_of, parse_size, reuse_order
 from miniswe.environments import check_environment
 from miniswe.errors import ConfigError, ModelError, TaskFileError, UsageError
 from miniswe.hooks import load_hooks
@@ -63,6 +65,15 @@ class BatchOptions:
     split: str = "test"  # the split of a dataset given by name
     grade: bool | None = None  # grade SWE-bench submissions by the official harness; None: when it is installed
     grade_timeout: float = 1800.0  # seconds for one instance's eval script (the harness's default)
+    # images (environments/images.py): each machine keeps the images this batch pulled within image_budget
+    # (e.g. 50G; None: no budget), pulls those of the next `prefetch` images of the queue ahead of their tasks
+    # (None: one per worker, at least 2), at most `max_pulls` at once; a failed pull is tried `pull_tries` times,
+    # `pull_backoff` seconds apart at first, doubling
+    image_budget: str | None = None
+    prefetch: int | None = None
+    max_pulls: int = 2
+    pull_tries: int = 5
+    pull_backoff: float = 5.0
 
 
 @dataclass
@@ -88,6 +99,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
     """Run a batch to the end (or until stopped); bad input raises UsageError before anything runs."""
     if options.workers < 1:
         raise UsageError(f"--workers {options.workers}: must be 1 or more")
+    image_policy(options)  # bad image options are bad input, before anything runs
     resources = check_executor(options)
     task_file = load_task_list(options.tasks, options.split)
     selected = select_tasks(task_file.tasks, filter=options.filter, slice=options.slice, shuffle=options.shuffle,
@@ -149,6 +161,9 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
             running = {p.id for p in todo}
             todo += [dataclasses.replace(p, regrade=ledger.records[p.id]) for p in plans
                      if p.id not in running and needs_grade(ledger.records[p.id])]
+        if not (options.shuffle or options.seed is not None):  # tasks sharing an image run together: pulled once
+            todo = reuse_order(todo, lambda p: (need_of(p.config.environment) or (None, None))[1],
+                               lambda p: p.task.fields.get("repo") if p.task.swebench else None)
         todo_ids = {p.id for p in todo}
         kept = [ledger.records[p.id] for p in plans if p.id not in todo_ids]
         if options.executor == "ray" and cluster is None and todo:  # the ledger changed since the look above
@@ -171,6 +186,21 @@ def _work_left(run_dir: RunDir, plans: list[Plan], redo: str | None) -> bool:
         return True
     records = read_records(os.path.join(run_dir.path, LEDGER), warn=lambda message: None)
     return any(not _kept(records.get(plan.id)) for plan in plans)
+
+
+def image_policy(options: BatchOptions) -> ImagePolicy:
+    """The image options as one policy; UsageError for a bad one."""
+    for flag, value in (("--max-pulls", options.max_pulls), ("--pull-tries", options.pull_tries)):
+        if value < 1:
+            raise UsageError(f"{flag} {value}: must be 1 or more")
+    if options.prefetch is not None and options.prefetch < 0:
+        raise UsageError(f"--prefetch {options.prefetch}: must be 0 (no pulls ahead) or more")
+    if options.pull_backoff < 0:
+        raise UsageError(f"--pull-backoff {options.pull_backoff:g}: must be 0 or more seconds")
+    budget = parse_size(options.image_budget) if options.image_budget not in (None, "", "0") else 0
+    prefetch = max(2, options.workers) if options.prefetch is None else options.prefetch
+    return ImagePolicy(budget=budget, prefetch=prefetch, max_pulls=options.max_pulls, tries=options.pull_tries,
+                       backoff_s=options.pull_backoff)
 
 
 def check_executor(options: BatchOptions) -> dict[str, float]:
@@ -232,21 +262,30 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
         progress.notice(f"miniswe: {notice}")
     budget = Budget(options.batch_cost_limit, options.batch_token_limit)
     shared = Shared(Stop(), Gates(options.max_concurrent_calls), renderers)
+    if cluster is None and any(need_of(p.config.environment) for p in todo):
+        shared.images = BatchImages(image_policy(options), ledger_path=run_dir.file(IMAGE_LEDGER), stop=shared.stop,
+                                    notice=progress.notice)
     scheduler = Scheduler(ledger=ledger, state=state, progress=progress, budget=budget, shared=shared,
                           after_record=lambda record: run_dir.write_preds(ledger.snapshot), redo=redo)
     progress.begin(state)
+    images = None
     try:
         scheduler.run(todo, executor)
     finally:
         progress.end()
+        if shared.images is not None:
+            images = shared.images.close()
     ledger.compact()
     records = ledger.snapshot()
     run_dir.write_preds(records)
     finished = {r.id: r for r in records}
     not_started = [p.id for p in plans if p.id not in finished]
-    unrun = (f"{len(not_started)} task(s) not run ({budget.reached() or 'stopped early'}); rerun the same command to "
-             "run them" if not_started and not scheduler.signal_name else "")
-    report = build_report(records)
+    why = budget.reached() or (shared.images.fatal if shared.images is not None else None) or "stopped early"
+    unrun = (f"{len(not_started)} task(s) not run ({why}); rerun the same command to run them"
+             if not_started and not scheduler.signal_name else "")
+    if images:  # this invocation's pulls, removals and peak image disk, for run.json and the report
+        run["invocations"][-1]["images"] = images
+    report = build_report(records, run)
     markdown = render_markdown(report, records, run, run_dir.path, unrun)
     run_dir.write_text(REPORT_MD, markdown)
     code = batch_exit_code((finished[p.id].exit_status for p in plans if p.id in finished),
@@ -347,6 +386,7 @@ def _run_info(task_file: TaskFile, options: BatchOptions, config: Config, identi
             "max_concurrent_calls": options.max_concurrent_calls, "batch_cost_limit": options.batch_cost_limit,
             "batch_token_limit": options.batch_token_limit, "executor": options.executor,
             "ray_address": options.ray_address, "ray_resources": options.ray_resources, "split": options.split,
-            "grade": options.grade, "grade_timeout": options.grade_timeout,
+            "grade": options.grade, "grade_timeout": options.grade_timeout, "image_budget": options.image_budget,
+            "prefetch": options.prefetch, "max_pulls": options.max_pulls,
         },
     }

@@ -24,9 +24,11 @@ from miniswe.batch.worker import (
     StepFinished,
     TaskFinished,
     TaskGrading,
+    TaskPulling,
     TaskStarted,
     unfinished_record,
 )
+from miniswe.environments.images import need_of
 from miniswe.errors import TrajectoryError
 from miniswe.models.gate import CallGate
 from miniswe.signals import SignalHandlers, Stop
@@ -37,6 +39,7 @@ from miniswe.trajectory import load
 # After a stop at once, how long running tasks get to record themselves before the scheduler records them.
 ABORT_GRACE_S = 3.0
 POLL_S = 0.1
+LOOK_AHEAD = 16  # queued tasks the scheduler looks through for one whose image is there, to start it first
 
 
 class Gates:
@@ -62,6 +65,7 @@ class Shared:
     stop: Stop
     gates: Gates
     renderers: dict[str, Renderer]
+    images: Any = None  # BatchImages (environments/images.py) when tasks run in images this process pulls ahead
 
 
 class Executor(Protocol):
@@ -135,12 +139,21 @@ class Scheduler:
         in_flight: dict[str, tuple[Plan, int]] = {}
         announced = 0
         abort_by: float | None = None
+        images = self.shared.images
+        told = None  # (pending, in flight) when the image pools were last told what the tasks need
         with SignalHandlers(self.stop, first_urgent=False) as self.signals:
             executor.start(self.shared)
             try:
                 while pending or in_flight:
+                    if images is not None and told != (len(pending), len(in_flight)):
+                        told = (len(pending), len(in_flight))
+                        # what unfinished tasks need, in the order they start: pulled ahead, and kept until done
+                        images.expect([need_of(p.config.environment) for p, _ in in_flight.values()]
+                                      + [need_of(p.config.environment) for p in pending])
                     while pending and len(in_flight) < executor.capacity and self.stop.outcome is None:
-                        plan = pending.popleft()
+                        if images is not None and images.fatal:
+                            break  # the engine's disk is full: running tasks finish, no new one starts
+                        plan = self._next(pending, images)
                         if plan.regrade is not None:  # only grading: the recorded run and its attempt stay
                             attempt = plan.regrade.attempt
                         elif plan.id not in self.redo and resumable(plan.trajectory):
@@ -161,6 +174,21 @@ class Scheduler:
                             break
             finally:
                 executor.close()
+                if images is not None:  # what tasks left unfinished still need: kept for the rerun, the rest may go
+                    images.expect([need_of(p.config.environment) for p, _ in in_flight.values()]
+                                  + [need_of(p.config.environment) for p in pending])
+
+    @staticmethod
+    def _next(pending: collections.deque, images: Any) -> Plan:
+        """The next plan to start: the first whose image is already there, among the next few, or else the first
+        (whose worker waits for its image): a task never waits on a pull while one behind it could run."""
+        if images is not None:
+            for index in range(min(len(pending), LOOK_AHEAD)):
+                if images.ready(need_of(pending[index].config.environment)):
+                    plan = pending[index]
+                    del pending[index]
+                    return plan
+        return pending.popleft()
 
     @property
     def signal_name(self) -> str | None:
@@ -177,6 +205,8 @@ class Scheduler:
                 self.stop.request(Outcome(ExitStatus.LIMITS_EXCEEDED, reason))
         elif isinstance(event, TaskGrading):
             self.state.task_grading(event.task_id)
+        elif isinstance(event, TaskPulling):
+            self.state.task_pulling(event.task_id, event.image)
         elif isinstance(event, TaskFinished):
             in_flight.pop(event.record.id, None)
             self._record(event.record)

@@ -21,7 +21,7 @@ FIELDS = ("id", "task", "cwd", "setup", "eval", "env", "config", "metadata")
 MAPPINGS = ("env", "config", "metadata")
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 # a task's folder sits beside these in the run directory
-RESERVED_IDS = {"results.jsonl", "results.history.jsonl", "preds.json", "run.json", "report.md"}
+RESERVED_IDS = {"results.jsonl", "results.history.jsonl", "preds.json", "run.json", "report.md", "images.jsonl"}
 # SWE-bench fields worth keeping in the trajectory's metadata (the large texts stay in `fields` only).
 SWEBENCH_METADATA = ("repo", "base_commit", "version", "environment_setup_commit", "created_at")
 MAX_PROBLEMS = 10

@@ -28,7 +28,8 @@ class ThreadExecutor:
 
     def start(self, shared: Shared) -> None:
         self._services = WorkerServices(stop=shared.stop, gate_for=shared.gates.for_url,
-                                        renderer_for=shared.renderers.__getitem__, emit=self._events.put)
+                                        renderer_for=shared.renderers.__getitem__, emit=self._events.put,
+                                        images=shared.images)
 
     def submit(self, plan: Plan, attempt: int) -> None:
         self._plans.put((plan, attempt))

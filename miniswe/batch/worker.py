@@ -11,18 +11,20 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from miniswe.batch.files import now
 from miniswe.batch.ledger import DETAIL_CHARS, LedgerRecord
 from miniswe.batch.plan import Plan, trajectory_name
-from miniswe.errors import TrajectoryError
+from miniswe.environments.images import need_of
+from miniswe.errors import Cancelled, PullError, TrajectoryError
 from miniswe.models.gate import CallGate
 from miniswe.redaction import masked_config
 from miniswe.resume import changes, keeps_state
 from miniswe.resume import continue_run
 from miniswe.runner import run_task
 from miniswe.signals import Stop
-from miniswe.status import Outcome, outcome_of
+from miniswe.status import ExitStatus, Outcome, interrupted, outcome_of
 from miniswe.templates import Renderer
 from miniswe.trajectory import Trajectory, close_unfinished, load, new_run_id
 
@@ -46,11 +48,19 @@ class TaskGrading:
 
 
 @dataclass(frozen=True)
+class TaskPulling:
+    """The task waits for its image (a pull, or room under the image budget) before it starts."""
+
+    task_id: str
+    image: str
+
+
+@dataclass(frozen=True)
 class TaskFinished:
     record: LedgerRecord
 
 
-Event = TaskStarted | StepFinished | TaskGrading | TaskFinished
+Event = TaskStarted | StepFinished | TaskGrading | TaskPulling | TaskFinished
 
 
 @dataclass
@@ -59,6 +69,7 @@ class WorkerServices:
     gate_for: Callable[[str], CallGate]  # the endpoint's gate, shared by every task calling it
     renderer_for: Callable[[str], Renderer]  # by templates dir, built once per batch
     emit: Callable[[Event], None]
+    images: Any = None  # the batch's image pools here (environments/images.py BatchImages), or None: each run pulls
 
 
 def record_of(plan: Plan, trajectory: Trajectory, attempt: int, started: str, wall_s: float) -> LedgerRecord:
@@ -91,7 +102,37 @@ def unfinished_record(plan: Plan, attempt: int, outcome: Outcome) -> LedgerRecor
 
 def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:
     """Run one planned task to its ledger record, then grade it when the plan says so; whatever goes wrong, a
-    record comes back. Grading takes this worker's slot, so its container counts against the batch's limits."""
+    record comes back. Grading takes this worker's slot, so its container counts against the batch's limits.
+    The task's image is held from before it starts until it is graded: the batch removes no image in use."""
+    need = need_of(plan.config.environment) if services.images is not None else None
+    if need is None:
+        return _run_plan(plan, attempt, services)
+    started = now()
+    try:
+        wait = services.images.acquire(need, services.stop, on_wait=lambda: services.emit(TaskPulling(plan.id, need[1])))
+    except PullError as error:  # its own outcome: an infrastructure failure a rerun retries, never the agent's
+        if plan.regrade is not None:  # only grading: the agent's result stays, ungraded for want of its image
+            return plan.regrade.replace(grade={"status": "image_unavailable", "resolved": None, "tests": None,
+                                               "detail": str(error)[-DETAIL_CHARS:], "wall_s": 0.0})
+        return LedgerRecord(plan.id, str(ExitStatus.PULL_ERROR), str(error)[-DETAIL_CHARS:], has_eval=bool(plan.task.evaluate),
+                            trajectory=trajectory_name(plan.id) if os.path.exists(plan.trajectory) else None,
+                            model=plan.config.model.name or plan.config.model.kind, attempt=attempt, started=started,
+                            ended=now(), image={"name": need[1], "wait": "failed"})
+    except Cancelled:  # stopped while it waited: it never started, and runs in the next batch
+        if plan.regrade is not None:
+            return plan.regrade
+        outcome = services.stop.outcome or interrupted("SIGINT")
+        return LedgerRecord(plan.id, str(outcome.status), f"{outcome.detail} (while waiting for image {need[1]})",
+                            trajectory=trajectory_name(plan.id) if os.path.exists(plan.trajectory) else None,
+                            attempt=attempt, started=started, ended=now())
+    try:
+        record = _run_plan(plan, attempt, services)
+    finally:
+        services.images.release(need)
+    return record.replace(image=wait) if wait and plan.regrade is None else record
+
+
+def _run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:
     if plan.regrade is not None:
         services.emit(TaskStarted(plan.id))
         return graded(plan, plan.regrade, services)

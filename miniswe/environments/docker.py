@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from miniswe.config import Count, EnvironmentConfig, Number, Seconds, Strings, Text
 from miniswe.environments import CommandResult
+from miniswe.environments import images
 from miniswe.environments.containers import (
     engine_call,
     engine_problem,
@@ -143,12 +144,9 @@ class DockerEnvironment:
         if present.returncode and not says_no_such_image(present.stderr):
             raise SandboxError(engine_problem(self.tool, present.stderr))
         if cfg.pull == "always" or (present.returncode and cfg.pull == "missing"):
-            pulled = self._engine("pull", cfg.image, timeout=cfg.start_timeout)
-            if pulled.returncode:
-                raise SandboxError(
-                    f"cannot pull image {cfg.image}: {first_line(pulled.stderr)}; build or load it locally "
-                    "(docker build / docker load) and set environment.pull: never"
-                )
+            if not images.held_by_batch(self.exe, cfg.image):  # a batch pulls each image once, ahead of its tasks
+                # retried with backoff; a registry's rate limit pauses every pull of this process (PullError at last)
+                images.pull(self.exe, cfg.image, stop=self.stop, policy=images.PullPolicy(timeout_s=cfg.start_timeout))
         elif present.returncode:
             raise SandboxError(
                 f"image {cfg.image} is not present and environment.pull is 'never'; build or load it "
