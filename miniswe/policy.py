@@ -798,7 +798,9 @@ DENY = {
     "chmod-root": "changes permissions of the whole file system (or of a system folder or the home folder)",
 }
 
-_FUNCTION = re.compile(r"(?:\bfunction\s+([\w:.-]+)\s*(?:\(\s*\))?|([\w:.-]+)\s*\(\s*\))\s*\{([^{}]*)\}")
+# a name starts where a word does: retried from inside a long word, the match took quadratic time (a 30 KB line
+# of hex in a here-document held the run for 22 s before its command ran)
+_FUNCTION = re.compile(r"(?:\bfunction\s+([\w:.-]+)\s*(?:\(\s*\))?|(?<![\w:.-])([\w:.-]+)\s*\(\s*\))\s*\{([^{}]*)\}")
 
 
 def _fork_bomb(text: str) -> bool:

@@ -64,7 +64,7 @@ def test_a_pathological_command_does_not_stall_the_run():
 
     started = time.perf_counter()
     for command in ("sudo " * 20000 + "ls", "x=1 " * 20000 + "ls", "rm " + "-f " * 20000 + "x", "kill " + "2 " * 20000,
-                    "(" * 20000, "sudo a; " * 5000):
+                    "(" * 20000, "sudo a; " * 5000, "cat > blob.hex <<'EOF'\n" + "a1" * 50000 + "\nEOF"):
         assert verdict(command) is None
     assert time.perf_counter() - started < 10
 
