@@ -16,6 +16,8 @@ import shlex
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from miniswe.errors import ConfigError
+
 # Parts of a name (split at non-letters and camelCase) that make its value a secret: GITHUB_TOKEN, apiKey,
 # DB_PASSWORD, GH_PAT; also run together (PGPASSWORD, GITHUBTOKEN, OPENAIKEY). Not max_tokens, TOKENIZERS_...,
 # PATH, KEYBOARD, MONKEY or GIT_AUTHOR_NAME. A name ending in _ENV (GITLAB_TOKEN_ENV) is masked too: its value
@@ -116,19 +118,31 @@ class Secrets:
 
 def run_secrets(config: Any) -> Secrets:
     """Every secret value a run with `config` must never record or print."""
+    return config_secrets(config.to_dict(), [getattr(config.model, "api_key_env", "")])
+
+
+def config_secrets(config: dict[str, Any], env_names: Iterable[Any] = ()) -> Secrets:
+    """The secret values of a config as a mapping (a run's, a recorded one, mini-swe-agent's): every secret-looking
+    entry of its mapping settings, every secret-looking `-e NAME=value` of environment.run_args, and the values set
+    in this process's environment of the variables it hands a container (environment.forward_env, `-e NAME` run
+    arguments) and of `env_names` (the model's key variable)."""
     secrets = Secrets()
-    key_env = getattr(config.model, "api_key_env", "")
-    if key_env:
-        secrets.add(os.environ.get(key_env), f"${key_env} (model.api_key_env)")
-    for name in getattr(config.environment, "forward_env", ()):
-        secrets.add(os.environ.get(name), f"${name} (environment.forward_env)")
-    data = config.to_dict()
-    for dotted, value in secret_entries(data):
+    for dotted, value in secret_entries(config):
         secrets.add(value, dotted)
-    for arg in _env_assignments(data.get("environment", {}).get("run_args") or []):
-        name, _, value = arg.partition("=")
-        if secret_name(name):
+    environment = config.get("environment") if isinstance(config.get("environment"), dict) else {}
+    args = environment.get("run_args") if isinstance(environment.get("run_args"), list) else []
+    forwarded = environment.get("forward_env") if isinstance(environment.get("forward_env"), list) else []
+    names = [(name, "") for name in env_names]
+    names += [(name, " (environment.forward_env)") for name in forwarded]
+    for _, _, assignment in env_options([str(arg) for arg in args]):
+        name, eq, value = assignment.partition("=")
+        if eq and secret_name(name):
             secrets.add(value, f"environment.run_args -e {name}")
+        elif not eq:  # -e NAME hands the container this process's value, as forward_env does
+            names.append((name, " (environment.run_args -e)"))
+    for name, where in names:
+        if isinstance(name, str) and name:
+            secrets.add(os.environ.get(name), f"${name}{where}")
     return secrets
 
 
@@ -171,29 +185,44 @@ def _masked_mapping(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def mask_run_args(args: Iterable[str]) -> list[str]:
-    """`docker run` arguments with the values of secret-looking `-e/--env NAME=value` masked."""
-    masked, after_env = [], False
-    for arg in args:
-        flag, eq, value = arg.partition("=")
-        if after_env:
-            masked.append(_mask_assignment(arg))
-        elif flag in ("-e", "--env") and eq:
-            masked.append(f"{flag}={_mask_assignment(value)}")
-        else:
-            masked.append(arg)
-        after_env = arg in ("-e", "--env")
+    """`docker run` arguments with the values of secret-looking `-e/--env NAME=value` masked, however written."""
+    masked = [str(arg) for arg in args]
+    for index, prefix, assignment in env_options(masked):
+        masked[index] = prefix + _mask_assignment(assignment)
     return masked
 
 
-def _env_assignments(args: list[str]) -> Iterator[str]:
-    after_env = False
-    for arg in args:
-        flag, eq, value = arg.partition("=")
-        if after_env:
-            yield arg
-        elif flag in ("-e", "--env") and eq:
-            yield value
-        after_env = arg in ("-e", "--env")
+# `docker run`'s one-letter options that take no value, so more letters may follow them in one argument (-Pe,
+# -dit); any other letter takes the rest of the argument (or the next one) as its value, as environments/runargs.py
+# reads them
+_FLAG_LETTERS = "dPiqt"
+
+
+def env_options(args: list[str]) -> Iterator[tuple[int, str, str]]:
+    """(index, prefix, assignment) of each environment variable that `args` (docker run arguments) set or forward,
+    however written: [-e, N=v], [--env, N], -e=N=v, --env=N, -eN=v, -Pe N=v, -PeN=v, -Pe=N=v. The assignment
+    (NAME=value, or NAME alone: forwarded) is args[index] with `prefix` removed."""
+    index = 0
+    while index < len(args):
+        arg, index = args[index], index + 1
+        if arg.startswith("--env="):
+            yield index - 1, "--env=", arg[len("--env="):]
+            continue
+        if arg == "--env":
+            rest = ""
+        elif arg.startswith("-") and not arg.startswith("--") and "e" in arg:
+            letters = arg[1:].split("e", 1)[0]
+            if any(letter not in _FLAG_LETTERS for letter in letters):
+                continue  # a letter that takes a value took the rest, the e with it
+            rest = arg[len(letters) + 2:]
+        else:
+            continue
+        if rest:
+            prefix = arg[: len(arg) - len(rest)] + ("=" if rest.startswith("=") else "")
+            yield index - 1, prefix, arg[len(prefix):]
+        elif index < len(args):
+            yield index, "", args[index]
+            index += 1
 
 
 def _mask_assignment(assignment: str) -> str:
@@ -259,7 +288,12 @@ def restore_secrets(recorded: dict[str, Any]) -> dict[str, Any]:
     environment = data.get("environment") or {}
     args = environment.get("run_args") if isinstance(environment, dict) else None
     if isinstance(args, list):
-        environment["run_args"] = [_restore_assignment(arg) for arg in args]
+        args = [str(arg) for arg in args]
+        for index, prefix, assignment in env_options(args):
+            name, eq, value = assignment.partition("=")
+            if eq and value == MASK and name in os.environ:
+                args[index] = f"{prefix}{name}={os.environ[name]}"
+        environment["run_args"] = args
     return data
 
 
@@ -300,12 +334,26 @@ def masked_left(config: dict[str, Any], sections: Iterable[str] = ("model",)) ->
     return None
 
 
-def _restore_assignment(arg: str) -> str:
-    prefix, name_value = ("", arg)
-    for flag in ("-e=", "--env="):
-        if arg.startswith(flag):
-            prefix, name_value = flag, arg[len(flag):]
-    name, eq, value = name_value.partition("=")
-    if eq and value == MASK and name in os.environ:
-        return f"{prefix}{name}={os.environ[name]}"
-    return arg
+
+def forwarded_keys(key_env: Iterable[str], forward_env: Iterable[str], run_args: Iterable[str]) -> list[str]:
+    """Where a container's settings hand it one of `key_env` (the model's key variables), set in this process:
+    `environment.forward_env NAME` or `environment.run_args -e NAME`. A local run hides that variable from its
+    commands; in a container any command could read it, and spend or send it."""
+    keys = {name for name in key_env if name and os.environ.get(name)}
+    found = [f"environment.forward_env {name}" for name in forward_env if name in keys]
+    found += [f"environment.run_args -e {assignment}" for _, _, assignment in env_options([str(a) for a in run_args])
+              if assignment in keys]
+    return found
+
+
+def check_forwarded_keys(key_env: Iterable[str], forward_env: Iterable[str], run_args: Iterable[str], *,
+                         allow: bool) -> str | None:
+    """ConfigError when the container would be handed the model's key (see forwarded_keys), unless `allow`
+    (environment.allow_unsafe_run_args): then the notice to record and print, one line."""
+    found = forwarded_keys(key_env, forward_env, run_args)
+    if not found:
+        return None
+    if not allow:
+        raise ConfigError(f"{found[0]}: hands the model's key to the container, where every command can read it; "
+                          "remove it, or set environment.allow_unsafe_run_args: true if you mean it")
+    return f"{'; '.join(found)}: the model's key is in the container (environment.allow_unsafe_run_args is set)"

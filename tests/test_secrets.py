@@ -246,3 +246,72 @@ def test_restore_secrets_takes_masked_values_back_in_every_mapping(monkeypatch):
     assert data["model"]["params"]["api_key"] == "from-env-1234"
     assert data["environment"] == {"env": {"GITHUB_TOKEN": "ghp_from_env_5678"}, "run_args": ["-e", "GITHUB_TOKEN=ghp_from_env_5678"]}
     assert masked_left(data) == ("model.params.extra.ORG_SECRET", "ORG_SECRET")
+
+
+# every way `docker run` reads an -e: the value each sets, as miniswe records it, and as restored from the environment
+RUN_ARG_FORMS = [(["-e", "TOKEN=t1"], ["-e", "TOKEN=***"]), (["--env", "TOKEN=t1"], ["--env", "TOKEN=***"]),
+                 (["-e=TOKEN=t1"], ["-e=TOKEN=***"]), (["--env=TOKEN=t1"], ["--env=TOKEN=***"]),
+                 (["-eTOKEN=t1"], ["-eTOKEN=***"]), (["-Pe", "TOKEN=t1"], ["-Pe", "TOKEN=***"]),
+                 (["-PeTOKEN=t1"], ["-PeTOKEN=***"]), (["-Pe=TOKEN=t1"], ["-Pe=TOKEN=***"]),
+                 (["-Pqe", "TOKEN=t1"], ["-Pqe", "TOKEN=***"])]
+
+
+def test_every_form_of_an_env_run_arg_is_masked_restored_and_accepted(monkeypatch):
+    from miniswe.environments.runargs import read_run_args
+    from miniswe.redaction import config_secrets, mask_run_args, restore_secrets
+
+    monkeypatch.setenv("TOKEN", "from-env-1234")
+    for written, recorded in RUN_ARG_FORMS:
+        assert mask_run_args(written) == recorded
+        assert restore_secrets({"environment": {"run_args": recorded}})["environment"]["run_args"] == [
+            arg.replace("***", "from-env-1234") for arg in recorded]
+        assert config_secrets({"environment": {"run_args": written}}).short == ["environment.run_args -e TOKEN"]
+        assert read_run_args(written).env == {"TOKEN": "t1"}, "recorded masked, so runargs no longer refuses it"
+    # a letter that takes a value takes the rest of the argument: no -e there
+    assert mask_run_args(["-ve", "TOKEN=t1", "-we=TOKEN=t1"]) == ["-ve", "TOKEN=t1", "-we=TOKEN=t1"]
+
+
+def test_a_variable_forwarded_by_an_env_run_arg_without_a_value_is_masked_as_forward_env_is(monkeypatch):
+    from miniswe.config import load_config
+    from miniswe.redaction import run_secrets
+
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("PLAIN_NAME", RUNARG)  # forwarded by name: a secret, whatever the name says
+    for args in (["-e", "GITHUB_TOKEN", "--env=PLAIN_NAME"], ["--env", "GITHUB_TOKEN", "-ePLAIN_NAME"],
+                 ["-Pe", "GITHUB_TOKEN", "-Pe=PLAIN_NAME"]):
+        config = load_config({"environment": {"kind": "docker", "image": "x", "run_args": args}})
+        secrets = run_secrets(config)
+        assert secrets.scrub(f"GITHUB_TOKEN={TOKEN} PLAIN_NAME={RUNARG}") == "GITHUB_TOKEN=*** PLAIN_NAME=***", args
+
+
+def test_a_docker_run_masks_what_an_env_run_arg_forwards(cli, server, tmp_path):
+    from test_docker import IMAGE  # skips this test when no engine (or no test image) is reachable
+
+    server.push(act("env | grep -a planted"), act(f"echo {SUBMIT_MARKER}"))
+    result = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", "t.json", "--image", IMAGE,
+                 "-c", "environment.run_args=[-e, GITHUB_TOKEN, -ePARAM_HOLDER]",
+                 env={"OPENAI_API_KEY": KEY, "GITHUB_TOKEN": TOKEN, "PARAM_HOLDER": PARAM})
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert "GITHUB_TOKEN=***" in data["steps"][0]["output"] and "PARAM_HOLDER=***" in data["steps"][0]["output"]
+    assert all(secret not in json.dumps(request["body"]) for request in server.requests for secret in PLANTED)
+    assert leaks(tmp_path, result.stdout, result.stderr) == []
+
+
+def test_the_models_key_forwarded_into_a_container_is_refused_unless_allowed(monkeypatch):
+    import pytest
+
+    from miniswe.errors import ConfigError
+    from miniswe.redaction import check_forwarded_keys, forwarded_keys
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.delenv("UNSET_KEY", raising=False)
+    assert forwarded_keys(["OPENAI_API_KEY"], ["OPENAI_API_KEY"], ["-Pe", "OPENAI_API_KEY", "-e", "OPENAI_API_KEY=x"]) == [
+        "environment.forward_env OPENAI_API_KEY", "environment.run_args -e OPENAI_API_KEY"]
+    assert forwarded_keys(["UNSET_KEY"], ["UNSET_KEY"], ["-e", "UNSET_KEY"]) == [], "nothing to hand on"
+    with pytest.raises(ConfigError) as refused:
+        check_forwarded_keys(["OPENAI_API_KEY"], [], ["--env=OPENAI_API_KEY"], allow=False)
+    assert "\n" not in str(refused.value) and "allow_unsafe_run_args" in str(refused.value)
+    notice = check_forwarded_keys(["OPENAI_API_KEY"], ["OPENAI_API_KEY"], [], allow=True)
+    assert notice and "\n" not in notice and KEY not in notice
+    assert check_forwarded_keys(["OPENAI_API_KEY"], ["GITHUB_TOKEN"], ["-e", "A=b"], allow=False) is None
