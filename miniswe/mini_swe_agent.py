@@ -28,9 +28,10 @@ from typing import Any
 from miniswe.errors import RecordError, TrajectoryError, UsageError
 from miniswe.mini_config import MINI_AGENT_KIND, MINI_TEXT_REGEX, mini_version
 from miniswe.protocol import FormatError, parse_command, thought_of
-from miniswe.redaction import Secrets, masked_config, secret_entries
+from miniswe.redaction import Secrets, config_secrets, masked_config
 from miniswe.status import ExitStatus, Outcome
-from miniswe.trajectory import FORMAT, VERSION, Message, Step, Trajectory, iso_time, read_document, upgrade
+from miniswe.trajectory import (FORMAT, MAPPING_OR_NULL, TEXT, TEXT_OR_NULL, VERSION, Message, Step, Trajectory, _shape,
+                                iso_time, problem, read_document, upgrade)
 from miniswe.usage import Usage, figure
 
 REFERENCE_FORMATS = ("mini-swe-agent-1", "mini-swe-agent-1.1")
@@ -53,6 +54,26 @@ NOT_RECORDED = {
 }
 _DEFAULT_FORMAT_ERROR = "Please always provide EXACTLY ONE action in triple backticks"
 _REFERENCE_ACTION = r"```bash\s*\n(.*?)\n```"  # the regex mini-swe-agent 1.x found actions with
+# What the converter reads of a mini-swe-agent file, checked once where it is read (as trajectory.check_fields
+# checks miniswe's own): a damaged file is refused in one line naming the field, and the converter relies on these
+# shapes. Keys not named here are read defensively or kept as they are.
+_TEXT_OUTCOME = {"exit_status": TEXT_OR_NULL, "submission": TEXT_OR_NULL, "traceback": TEXT_OR_NULL}
+_MESSAGE = _shape("mapping", required=("role",), keys={
+    "role": TEXT, "tool_call_id": TEXT_OR_NULL,
+    "tool_calls": _shape("list", "null", items=_shape("mapping", keys={"id": TEXT_OR_NULL, "function": MAPPING_OR_NULL})),
+    "extra": _shape("mapping", "null", keys={
+        **_TEXT_OUTCOME, "response": MAPPING_OR_NULL, "miniswe": MAPPING_OR_NULL,
+        "actions": _shape("list", "null", items=_shape("mapping", required=("command",),
+                                                      keys={"command": TEXT, "tool_call_id": TEXT_OR_NULL}))})})
+_CONFIG = _shape("mapping", "null", keys={
+    "agent": MAPPING_OR_NULL, "model": _shape("mapping", "null", keys={"model_name": TEXT_OR_NULL}),
+    "environment": _shape("mapping", "null", keys={"env": MAPPING_OR_NULL, "forward_env": _shape("list", "null", items=TEXT),
+                                                   "run_args": _shape("list", "null", items=TEXT)}),
+    "model_type": TEXT_OR_NULL, "environment_type": TEXT_OR_NULL})
+_DOCUMENT = _shape("mapping", keys={"messages": _shape("list", items=_MESSAGE), "info": _shape("mapping", "null", keys={
+    **_TEXT_OUTCOME, "config": _CONFIG, "model_stats": MAPPING_OR_NULL, "miniswe": MAPPING_OR_NULL,
+    "model_name": TEXT_OR_NULL})})
+_MESSAGE_LIST = _shape("list", items=_MESSAGE)
 
 
 class ConvertedTrajectory(Trajectory):
@@ -89,28 +110,30 @@ def is_mini_swe_agent(data: Any) -> bool:
 
 
 def from_mini_swe_agent(data: Any, path: str) -> ConvertedTrajectory:
-    """A mini-swe-agent trajectory (either dict format, or a bare message list) as a miniswe Trajectory."""
+    """A mini-swe-agent trajectory (either dict format, or a bare message list) as a miniswe Trajectory;
+    TrajectoryError, one line naming the field, for a damaged one."""
     if not is_mini_swe_agent(data):
         raise TrajectoryError(f"{path}: not a mini-swe-agent trajectory")
-    data = _without_secrets(data)
-    if isinstance(data, dict) and isinstance(_mapping(data, "info").get("miniswe"), dict):
+    found = problem(data, _MESSAGE_LIST if isinstance(data, list) else _DOCUMENT)
+    if found:
+        raise TrajectoryError(f"{path}: {found}; the file is damaged or not a mini-swe-agent trajectory")
+    if isinstance(data, list):
+        return _Converter(path, MESSAGE_LIST, {}, data).convert()
+    info = data.get("info") or {}
+    if info.get("config"):
+        data = _without_secrets(data, info)
+        info = data["info"]
+    if info.get("miniswe"):
         return _restored(data, path)  # written by miniswe's export: everything it recorded is in it
-    listed = isinstance(data, list)
-    source = MESSAGE_LIST if listed else data["trajectory_format"]
-    info = {} if listed else _mapping(data, "info")
-    raw = data if listed else data["messages"]
-    return _Converter(path, source, info, [m for m in raw if isinstance(m, dict)]).convert()
+    return _Converter(path, data["trajectory_format"], info, data["messages"]).convert()
 
 
-def _without_secrets(data: Any) -> Any:
-    """The reference masked nothing: the values of secret-looking settings in its config (an `api_key` in
-    `model_kwargs`, a `GITHUB_TOKEN` in the environment) are masked wherever they appear, as miniswe records them."""
-    config = _mapping(_mapping(data, "info"), "config")
-    if not config:
-        return data
-    secrets = Secrets()
-    for dotted, value in secret_entries(config):
-        secrets.add(value, dotted)
+def _without_secrets(data: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """The reference masked nothing: its config is masked as miniswe records one (secret-looking settings and
+    `-e NAME=value` run arguments, whatever their length), and the values of its secrets wherever else they appear
+    (an `api_key` in `model_kwargs`, a `GITHUB_TOKEN` in the environment, a variable it forwards, as set here)."""
+    secrets = config_secrets(info["config"])
+    data = {**data, "info": {**info, "config": masked_config(info["config"])}}
     return json.loads(secrets.scrub(json.dumps(data, ensure_ascii=False))) if secrets else data
 
 
@@ -659,6 +682,8 @@ def to_mini_swe_agent(trajectory: Trajectory, *, instance_id: str | None = None)
     config = masked_config(trajectory.config or {})
     status, submission = trajectory.exit_status, trajectory.outcome.submission if trajectory.outcome else None
     info = dict(source)  # a file read from mini-swe-agent's format keeps what it held
+    if isinstance(source.get("config"), dict):
+        info["config"] = masked_config(source["config"])  # masked when read, unless the record was edited since
     stats = dict(_mapping(source, "model_stats"))
     if figure(stats.get("instance_cost")) is None or round(figure(stats["instance_cost"]), 8) != round(trajectory.usage.cost, 8):
         stats["instance_cost"] = trajectory.usage.cost
@@ -676,21 +701,17 @@ def to_mini_swe_agent(trajectory: Trajectory, *, instance_id: str | None = None)
                                 "trajectory_format": EXPORT_FORMAT}
     if instance_id is not None:
         document["instance_id"] = instance_id
-    return json.loads(_secrets_of(trajectory, config).scrub(json.dumps(document, ensure_ascii=False)))
+    return json.loads(_secrets_of(trajectory, source).scrub(json.dumps(document, ensure_ascii=False)))
 
 
-def _secrets_of(trajectory: Trajectory, config: dict[str, Any]) -> Secrets:
-    """What must not be written: the values of the recorded config's secret-looking entries (recorded masked, but a
-    hand-edited or foreign file may hold them), and of the variables it names as holding secrets, as set here."""
-    secrets = Secrets()
-    for dotted, value in secret_entries(trajectory.config or {}):
-        secrets.add(value, dotted)
-    model = _mapping(config, "model")
-    key = model.get("api_key_env", "OPENAI_API_KEY" if model.get("kind") == "openai" else None)  # openai's default
-    names = [key, *(_mapping(config, "environment").get("forward_env") or [])]
-    for name in names:
-        if isinstance(name, str) and name and os.environ.get(name):
-            secrets.add(os.environ[name], f"${name}")
+def _secrets_of(trajectory: Trajectory, source: dict[str, Any]) -> Secrets:
+    """What must not be written: the secrets of the recorded config (recorded masked, but a hand-edited or foreign
+    file may hold them) and of the source's, and the values set here of the variables they hand on or hold the
+    model's key in (openai's default: OPENAI_API_KEY)."""
+    model = _mapping(trajectory.config, "model")
+    key = model.get("api_key_env", "OPENAI_API_KEY" if model.get("kind") == "openai" else None)
+    secrets = config_secrets(trajectory.config or {}, [key])
+    secrets.update(config_secrets(_mapping(source, "config")))
     return secrets
 
 

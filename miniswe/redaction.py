@@ -130,20 +130,30 @@ def config_secrets(config: dict[str, Any], env_names: Iterable[Any] = ()) -> Sec
     for dotted, value in secret_entries(config):
         secrets.add(value, dotted)
     environment = config.get("environment") if isinstance(config.get("environment"), dict) else {}
-    args = environment.get("run_args") if isinstance(environment.get("run_args"), list) else []
     forwarded = environment.get("forward_env") if isinstance(environment.get("forward_env"), list) else []
     names = [(name, "") for name in env_names]
     names += [(name, " (environment.forward_env)") for name in forwarded]
-    for _, _, assignment in env_options([str(arg) for arg in args]):
-        name, eq, value = assignment.partition("=")
-        if eq and secret_name(name):
-            secrets.add(value, f"environment.run_args -e {name}")
-        elif not eq:  # -e NAME hands the container this process's value, as forward_env does
-            names.append((name, " (environment.run_args -e)"))
+    for where, args in _run_args(config):
+        for _, _, assignment in env_options([str(arg) for arg in args]):
+            name, eq, value = assignment.partition("=")
+            if eq and secret_name(name):
+                secrets.add(value, f"{where} -e {name}")
+            elif not eq:  # -e NAME hands the container this process's value, as forward_env does
+                names.append((name, f" ({where} -e)"))
     for name, where in names:
         if isinstance(name, str) and name:
             secrets.add(os.environ.get(name), f"${name}{where}")
     return secrets
+
+
+def _run_args(data: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, list[Any]]]:
+    """(dotted key, list) of every `run_args` of a config: environment.run_args, and any inside a mapping
+    (agent.mini.environment.run_args: a mini-swe-agent config's own section)."""
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _run_args(value, f"{prefix}{key}.")
+        elif key == "run_args" and isinstance(value, list):
+            yield f"{prefix}{key}", value
 
 
 def secret_entries(config: dict[str, Any]) -> Iterator[tuple[str, Any]]:
@@ -179,7 +189,9 @@ def masked_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _masked_mapping(data: dict[str, Any]) -> dict[str, Any]:
+    # run_args inside a mapping too: agent.mini keeps a mini-swe-agent config's own environment section
     return {key: _masked_mapping(value) if isinstance(value, dict)
+            else mask_run_args(value) if key == "run_args" and isinstance(value, list)
             else MASK if secret_name(str(key)) and value not in (None, "") and not isinstance(value, list) else value
             for key, value in data.items()}
 
