@@ -140,13 +140,13 @@ def _without_secrets(data: dict[str, Any], info: dict[str, Any]) -> dict[str, An
 class _Converter:
     def __init__(self, path: str, source: str, info: dict[str, Any], raw: list[dict[str, Any]]):
         self.path, self.source, self.info, self.raw = path, source, info, raw
-        self.config = _mapping(info, "config")
+        self.config = info.get("config") or {}
         self.missing: set[str] = set()
         self.notes: list[str] = []
         self.markers: list[str] = []  # submit markers the commands printed, in order
         self.usage_seen = {"tokens": 0, "cost": 0, "calls": 0}
         self.calls_tools = False  # whether its replies called tools (2.x's tool-calling models)
-        exits = [_extra(m) for m in raw if m.get("role") == "exit"]
+        exits = [_extra(m) for m in raw if m["role"] == "exit"]
         self.ending = exits[-1] if exits else info  # where the run's end is: 1.1's exit message, or `info`
         submission = self.ending.get("submission")
         self.submitted_with = submission if self.ending.get("exit_status") == "Submitted" and isinstance(submission, str) else None
@@ -158,7 +158,7 @@ class _Converter:
         i = 0
         while i < len(self.raw):
             message = self.raw[i]
-            role = str(message.get("role") or "")
+            role = message["role"]
             if role == "user" and _extra(message).get("interrupt_type") == "FormatError":
                 # 1.1 keeps a malformed reply only inside its error message (the model never saw it again); the
                 # record keeps it as the reply it was, before the message that refused it
@@ -230,7 +230,7 @@ class _Converter:
         refused = observations and _extra(observations[0]).get("interrupt_type") == "FormatError"
         if refused or self._rejected(seen):
             return Step(number, format_error=_reference_error_kind(content), **call)
-        commands = [a["command"] for a in extra.get("actions") or [] if isinstance(a, dict) and isinstance(a.get("command"), str)]
+        commands = [action["command"] for action in extra.get("actions") or []]
         if not commands:
             try:
                 commands = [parse_command(content, ACTION_TAGS)]
@@ -264,14 +264,14 @@ class _Converter:
         """A tool-calling reply: a step for each of its actions, answered by the tool message of its call; the first
         carries the model call (its usage, thought and reasoning)."""
         content, extra = _text(reply.get("content")), _extra(reply)
-        calls = {call.get("id"): call for call in reply.get("tool_calls") or [] if isinstance(call, dict)}
-        answers = {o.get("tool_call_id"): o for o in observations if isinstance(o.get("tool_call_id"), str)}
+        calls = {call.get("id"): call for call in reply["tool_calls"]}
+        answers = {o.get("tool_call_id"): o for o in observations if o.get("tool_call_id") is not None}
         first = {"thought": content.strip(), "usage": self.step_usage(extra),
                  "reasoning": reply.get("reasoning_content") or reply.get("reasoning") or None}
         steps = []
         for index, action in enumerate(_tool_actions(reply)):
             call_id = action.get("tool_call_id")
-            function = _mapping(calls.get(call_id) or {}, "function")
+            function = (calls.get(call_id) or {}).get("function") or {}
             arguments = function.get("arguments")
             call = {"id": call_id, "name": str(function.get("name") or "bash"), "index": index,
                     "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {"command": action["command"]})}
@@ -405,20 +405,21 @@ class _Converter:
         return total
 
     def model(self) -> dict[str, Any]:
-        name = _mapping(self.config, "model").get("model_name") or self.info.get("model_name")
+        name = (self.config.get("model") or {}).get("model_name") or self.info.get("model_name")
         if not name:
             self.missing.add("model")
         return {"kind": self.config.get("model_type") or "", "name": name or ""}
 
     def environment(self) -> dict[str, Any]:
-        settings = _mapping(self.config, "environment")
+        settings = self.config.get("environment") or {}
         described = {"kind": self.config.get("environment_type") or "unknown"}
         described.update({k: settings[k] for k in ("image", "cwd") if settings.get(k)})
         return described
 
     def miniswe_config(self) -> dict[str, Any]:
         """The reference's settings that miniswe has too, under miniswe's keys (config_from_record rebuilds it)."""
-        protocol: dict[str, Any] = {"action_tags": _action_tags(_mapping(self.config, "model"))}
+        agent, env, model = (self.config.get(section) or {} for section in ("agent", "environment", "model"))
+        protocol: dict[str, Any] = {"action_tags": _action_tags(model)}
         if self.calls_tools:
             protocol["kind"] = "tools"
         if self.markers:  # the marker of the last command that printed one: what this run submitted with
@@ -426,7 +427,6 @@ class _Converter:
         if not self.config:
             self.missing.add("config")
             return {"protocol": protocol}
-        agent, env, model = (_mapping(self.config, section) for section in ("agent", "environment", "model"))
         config: dict[str, Any] = {"agent": {}, "protocol": protocol, "environment": {}, "model": {"kind": "openai"}}
         for ours, theirs in (("step_limit", "step_limit"), ("cost_limit", "cost_limit"), ("time_limit", "wall_time_limit_seconds")):
             value = figure(agent.get(theirs))
@@ -438,13 +438,13 @@ class _Converter:
             config["environment"]["image"] = str(env["image"])
         if isinstance(env.get("cwd"), str) and env["cwd"]:
             config["environment"]["cwd"] = env["cwd"]
-        if isinstance(env.get("env"), dict):
+        if env.get("env"):
             config["environment"]["env"] = {str(k): str(v) for k, v in env["env"].items()}
         timeout = figure(env.get("timeout"))
         if timeout is not None and timeout >= 0:
             config["environment"]["timeout"] = timeout
         if model.get("model_name"):
-            config["model"]["name"] = str(model["model_name"])
+            config["model"]["name"] = model["model_name"]
         return config
 
 def _action_tags(model: dict[str, Any]) -> list[str]:
@@ -542,23 +542,19 @@ def _mapping(data: Any, key: str) -> dict[str, Any]:
 
 def _extra(message: dict[str, Any]) -> dict[str, Any]:
     """1.1's per-message `extra` mapping; empty in the older shapes."""
-    return _mapping(message, "extra")
+    return message.get("extra") or {}
 
 
 def _tool_actions(reply: dict[str, Any]) -> list[dict[str, Any]]:
     """The actions of a tool-calling reply (2.x: each with the id of its call); none for a text reply."""
-    if not isinstance(reply.get("tool_calls"), list) or not reply["tool_calls"]:
-        return []
-    actions = [a for a in _extra(reply).get("actions") or [] if isinstance(a, dict) and isinstance(a.get("command"), str)]
-    return actions if actions and all(isinstance(a.get("tool_call_id"), str) for a in actions) else []
+    actions = _extra(reply).get("actions") or [] if reply.get("tool_calls") else []
+    return actions if all(action.get("tool_call_id") is not None for action in actions) else []
 
 
 def _message(message: dict[str, Any], step: int | None) -> Message:
     """A reply or an observation as recorded, its tool calls and the call it answers kept."""
-    calls = message.get("tool_calls")
-    call_id = message.get("tool_call_id")
-    return Message(str(message.get("role") or ""), _text(message.get("content")), _timestamp(message), step,
-                   calls if isinstance(calls, list) and calls else None, call_id if isinstance(call_id, str) else None)
+    return Message(message["role"], _text(message.get("content")), _timestamp(message), step,
+                   message.get("tool_calls") or None, message.get("tool_call_id"))
 
 
 def _timestamp(message: dict[str, Any]) -> str:
@@ -790,7 +786,7 @@ class _Exporter:
     def call(self, first: Step) -> list[Step]:
         """The steps of one model call: its first, and the further tool calls of the same reply."""
         steps = self.trajectory.steps
-        index = steps.index(first)
+        index = next(i for i, step in enumerate(steps) if step is first)
         group = [first]
         for step in steps[index + 1:]:
             if step.first_of_call:
@@ -906,17 +902,17 @@ def number_text(value: float) -> str:
 def _restored(data: dict[str, Any], path: str) -> ConvertedTrajectory:
     """A trajectory miniswe exported, read back whole: its header from `info.miniswe`, each message's time and step
     and each step from the messages' `extra.miniswe`, a refused reply brought back before the message that refused it."""
-    info = _mapping(data, "info")
+    info = data["info"]
     document = dict(info["miniswe"])
     document["format"], document["version"] = FORMAT, VERSION
     if document.get("source_info") is True:
         document["source_info"] = {key: value for key, value in info.items() if key != "miniswe"}
     messages: list[dict[str, Any]] = []
     steps: dict[int, dict[str, Any]] = {}
-    for raw in data.get("messages") or []:
-        extra = _extra(raw) if isinstance(raw, dict) else {}
-        own = _mapping(extra, "miniswe")
-        if not isinstance(raw, dict) or (raw.get("role") == "exit" and not own):
+    for raw in data["messages"]:
+        extra = _extra(raw)
+        own = extra.get("miniswe") or {}
+        if raw["role"] == "exit" and not own:
             continue  # the run's end, written from its outcome
         number = own.get("step") if isinstance(own.get("step"), int) else None
         reply = _mapping(own, "reply")
@@ -936,12 +932,12 @@ def _restored(data: dict[str, Any], path: str) -> ConvertedTrajectory:
             record.update(result)
             if "raw_output" in extra:
                 record["output"] = str(extra.get("raw_output") or "")
-        message = {"role": raw.get("role"), "content": _text(raw.get("content")), "timestamp": own.get("timestamp") or ""}
+        message = {"role": raw["role"], "content": _text(raw.get("content")), "timestamp": own.get("timestamp") or ""}
         if number is not None:
             message["step"] = number
         if raw.get("tool_calls"):
             message["tool_calls"] = raw["tool_calls"]
-        if isinstance(raw.get("tool_call_id"), str):
+        if raw.get("tool_call_id") is not None:
             message["tool_call_id"] = raw["tool_call_id"]
         messages.append(message)
         messages += unsent  # the record of a submission, which the model was never told

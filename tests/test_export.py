@@ -231,3 +231,20 @@ def test_an_exported_file_read_back_is_not_saved_over(tmp_path):
     with pytest.raises(RecordError, match="miniswe's export"):
         load_any(written).save()
     assert os.path.exists(written)
+
+
+def test_short_secrets_and_run_args_of_a_mini_swe_agent_config_are_masked_by_structure(tmp_path, monkeypatch):
+    data = json.loads((REFERENCE / "mini-swe-agent-2.4.6-tools.traj.json").read_text())
+    config = data["info"]["config"]
+    config["model"]["model_kwargs"] = {"api_key": "short1"}
+    config["environment"]["run_args"] = ["-e", "HF_TOKEN=hf-short", "-Pe", "GITHUB_TOKEN", "--env=MODE=fast"]
+    forwarded = "ghp_forwarded_by_name_0123456789"
+    monkeypatch.setenv("GITHUB_TOKEN", forwarded)
+    data["messages"][3]["content"] = f"GITHUB_TOKEN={forwarded}"
+    source = tmp_path / "short.traj.json"
+    source.write_text(json.dumps(data))
+    text = Path(export(str(source), str(tmp_path / "out.traj.json"))).read_text()
+    info = json.loads(text)["info"]
+    assert info["config"]["model"]["model_kwargs"] == {"api_key": "***"}
+    assert info["config"]["environment"]["run_args"] == ["-e", "HF_TOKEN=***", "-Pe", "GITHUB_TOKEN", "--env=MODE=fast"]
+    assert "short1" not in text and "hf-short" not in text and forwarded not in text

@@ -220,3 +220,56 @@ def test_real_2x_runs_text_and_tool_calls():
     assert answered["call_b"] == 3 and answered["call_c"] == 4
     assert tools.usage.model_calls == 6 and tools.outcome.submission == "the-patch"
     config_from_record(tools.config)
+
+
+def _mutations(document, rng, count):
+    """`count` copies of `document`, each with one value replaced by another type's or one key deleted."""
+    def places(node, at=()):
+        yield at
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in children:
+            yield from places(child, (*at, key))
+
+    every = [at for at in places(document) if at]
+    for _ in range(count):
+        at = rng.choice(every)
+        mutated = json.loads(json.dumps(document))
+        parent = mutated
+        for key in at[:-1]:
+            parent = parent[key]
+        if isinstance(parent, dict) and rng.random() < 0.3:
+            del parent[at[-1]]
+        else:
+            parent[at[-1]] = rng.choice([None, True, 0, 2.5, "", "x", [], ["x"], {}, {"a": 1}])
+        yield at, mutated
+
+
+@pytest.mark.parametrize("path", [SUBMITTED, LIMITS, LISTED, V11, REAL_TEXT, REAL_TOOLS], ids=os.path.basename)
+def test_a_damaged_reference_file_loads_or_is_refused_in_one_line(tmp_path, path):
+    import random
+
+    from miniswe.mini_swe_agent import to_mini_swe_agent
+
+    target = tmp_path / "damaged.traj.json"
+    for at, mutated in _mutations(raw(path), random.Random(os.path.basename(path)), 150):
+        target.write_text(json.dumps(mutated))
+        try:
+            to_mini_swe_agent(load_any(str(target)))  # what export and inspect do first
+        except TrajectoryError as error:
+            assert "\n" not in str(error) and str(target) in str(error), at
+        except Exception as error:  # a traceback for the user: name the field that caused it
+            pytest.fail(f"{'.'.join(map(str, at))}: {type(error).__name__}: {error}")
+
+
+def test_a_damaged_field_is_named(tmp_path):
+    data = raw(REAL_TOOLS)
+    data["messages"][3]["tool_call_id"] = ["x"]
+    path = tmp_path / "damaged.traj.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(TrajectoryError, match=r"messages\[3\]\.tool_call_id: expected a string, got a list"):
+        load_any(str(path))
+    data = raw(V11)
+    data["info"]["config"]["agent"] = ["x"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(TrajectoryError, match=r"info\.config\.agent: expected a mapping, got a list"):
+        load_any(str(path))
