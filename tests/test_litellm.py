@@ -87,9 +87,7 @@ def test_the_settings_are_checked_and_the_key_variable_follows_the_route():
     from miniswe.models.litellm import LitellmConfig, LitellmModel, caches_prompts, set_cache_control
 
     config = load_config("model.kind=litellm", f"model.name={ROUTE}", "model.cache_control=on").model
-    assert config.api_key_env == "ANTHROPIC_API_KEY" and config.cache_control == "on"  # YAML's `on` is true
-    assert load_config("model.kind=litellm", "model.name=gemini/gemini-2.5-pro").model.api_key_env == "GEMINI_API_KEY"
-    assert load_config("model.kind=litellm", "model.name=bedrock/anthropic.claude-v2").model.api_key_env == ""
+    assert config.cache_control == "on"  # YAML's `on` is true
     assert load_config("model.kind=litellm", "model.name=openrouter/x", "model.api_key_env=MY_KEY").model.api_key_env == "MY_KEY"
     assert load_config("model.kind=litellm", "model.cache_control=false").model.cache_control == "off"
     with pytest.raises(ConfigError, match="base_url"):  # the openai kind's keys are refused, not ignored
@@ -323,3 +321,95 @@ def test_a_stream_is_handed_out_piece_by_piece_and_a_quiet_one_is_cut_and_retrie
     assert reply.usage.cached_tokens > 0 and len(anthropic.requests) == 3  # the same prompt: read from the cache
     # the cut stream's pieces came first; the retried one's follow, whole
     assert "".join(piece for kind, piece in deltas if kind == "content").endswith(text)
+
+
+# -- the route's credentials, the garbage collector, abandoned streams -------------------------------------------
+
+@needs_litellm
+def test_every_route_names_its_credentials_as_litellm_does(monkeypatch):
+    from miniswe.config import load_config
+    from miniswe.models.common import secret_env
+    from miniswe.models.litellm import route_variables
+
+    def configured(name: str, *extra: str):
+        return load_config("model.kind=litellm", f"model.name={name}", *extra).model
+
+    keys = {ROUTE: "ANTHROPIC_API_KEY", "gemini/gemini-2.5-pro": "GEMINI_API_KEY", "azure_ai/x": "AZURE_AI_API_KEY",
+            "hosted_vllm/x": "HOSTED_VLLM_API_KEY", "huggingface/x": "HUGGINGFACE_API_KEY", "cerebras/x": "CEREBRAS_API_KEY",
+            "perplexity/x": "PERPLEXITYAI_API_KEY", "nvidia_nim/x": "NVIDIA_NIM_API_KEY", "azure/x": "AZURE_API_KEY",
+            "together_ai/x": "TOGETHERAI_API_KEY", "openai/x": "OPENAI_API_KEY",
+            "bedrock/anthropic.claude-v2": "", "vertex_ai/gemini-2.5-pro": ""}  # no one key: several variables
+    assert {name: configured(name).api_key_env for name in keys} == keys
+    assert {"ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"} <= set(secret_env(configured(ROUTE)))
+    assert {"GEMINI_API_KEY", "GOOGLE_API_KEY"} <= set(secret_env(configured("gemini/gemini-2.5-pro")))
+    bedrock = secret_env(configured("bedrock/anthropic.claude-v2"))
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} <= set(bedrock)
+    assert "AWS_PROFILE" not in bedrock and "AWS_ROLE_ARN" not in bedrock, "names, not secrets"
+    vertex = secret_env(configured("vertex_ai/gemini-2.5-pro"))
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in vertex and "VERTEXAI_PROJECT" not in vertex
+    assert secret_env(configured("openrouter/x", "model.api_key_env=MY_KEY"))[:2] == ["MY_KEY", "OPENROUTER_API_KEY"]
+    # whichever are set: litellm's check is asked as if none were
+    before = route_variables("bedrock/anthropic.claude-v2")
+    route_variables.cache_clear()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.setenv(name, "planted-value-123")
+    assert route_variables("bedrock/anthropic.claude-v2") == before and route_variables(ROUTE)[0] == "ANTHROPIC_API_KEY"
+
+
+@needs_litellm
+def test_a_route_litellm_does_not_check_still_keeps_its_key_from_commands_and_records(cli, server, tmp_path):
+    # hosted_vllm/ (an OpenAI-compatible server) is one of the routes litellm's check names nothing for
+    server.push(act("echo key-is-${#HOSTED_VLLM_API_KEY}-chars"), {"status": 401, "body": {"error": {"message": f"bad key {KEY}"}}})
+    result = cli("run", "x", "-c", "model.kind=litellm", "-c", "model.name=hosted_vllm/test-model",
+                 "-c", f"model.api_base={server.base_url}", "-o", "t.json", env={"HOSTED_VLLM_API_KEY": KEY}, timeout=180)
+    assert result.returncode == 3, result.stderr
+    data = traj(tmp_path)
+    assert data["config"]["model"]["api_key_env"] == "HOSTED_VLLM_API_KEY"
+    assert data["steps"][0]["output"] == "key-is-0-chars\n", "commands never see the key"
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {KEY}", "the key itself is still sent"
+    assert "set HOSTED_VLLM_API_KEY to a valid API key" in result.stderr
+    for text in (result.stdout, result.stderr, (tmp_path / "t.json").read_text()):
+        assert KEY not in text
+
+
+@needs_litellm
+def test_building_models_again_leaves_the_garbage_collector_alone(anthropic):
+    import gc
+    import weakref
+
+    from miniswe.signals import Stop
+
+    model(anthropic)  # the first imports litellm, whose tables are frozen once
+    cycle: dict = {}
+    cycle["self"] = cycle
+    holder = type("Holder", (), {})()
+    holder.cycle = cycle
+    alive = weakref.ref(holder)
+    cycle["holder"] = holder
+    model(anthropic).for_child(stop=Stop())  # each sub-agent's and each batch task's model is built so
+    del cycle, holder
+    gc.collect()
+    assert alive() is None, "a cycle alive while a model was built was frozen for good"
+
+
+@needs_litellm
+def test_an_abandoned_stream_is_hung_up_on_at_once(anthropic, monkeypatch):
+    from miniswe.errors import Cancelled
+    from miniswe.signals import Stop
+    from miniswe.status import interrupted
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    anthropic.push({"content": act("ls -la"), "stall_after": 4, "stall": 60})
+    stop = Stop()
+    unbounded = model(anthropic, stream=True, timeout=0, stream_idle_timeout=0, stop=stop)  # nothing bounds its reads
+    before, workers = set(threading.enumerate()), []
+
+    def interrupt() -> None:  # the call's worker, reading the stream now, noted first
+        workers.extend(t for t in threading.enumerate() if t.name == "miniswe-litellm-call" and t not in before)
+        stop.request(interrupted("SIGINT"), urgent=True)
+
+    threading.Timer(1.5, interrupt).start()
+    with pytest.raises(Cancelled):
+        unbounded.complete(MESSAGES)
+    assert len(workers) == 1 and len(anthropic.requests) == 1
+    wait_for(lambda: not workers[0].is_alive(), "the abandoned worker to end", timeout=5)

@@ -162,3 +162,38 @@ def test_run_streams_into_the_same_trajectory(server, tmp_path):
         records.append([{k: v for k, v in s.to_dict().items() if k not in ("latency_s", "duration_s")}
                         for s in result.trajectory.steps])
     assert records[0] == records[1] and records[1][0]["reasoning"] == ITEM["reasoning_content"]
+
+
+def test_usage_reported_as_all_zeros_is_estimated_as_when_none_is_reported(server):
+    # a server that counts nothing but says 0 (not: leaves usage out) is estimated too, so token_limit holds;
+    # the one rule of both kinds (models/common.py)
+    zeros = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    server.push({"content": "plain words", "usage": zeros}, {"content": "plain words", "stream_usage": False})
+    counted = model(server).complete(MESSAGES)
+    missing = model(server, "model.stream=true").complete(MESSAGES)
+    assert counted.usage.completion_tokens == 4 and counted.usage.prompt_tokens > 10  # 11 characters, 3 a token
+    assert counted.usage.estimated_tokens == counted.usage.total_tokens == missing.usage.total_tokens
+
+
+def test_a_refusal_echoing_any_secret_looking_variable_is_masked(server, monkeypatch):
+    # as the litellm kind masks them (models/common.py: scrub): SDKs and proxies read credentials miniswe never named
+    token = "ghp-planted-token-value-0042"
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", token)
+    server.push({"status": 403, "body": {"error": {"message": f"token {token} may not use m"}}})
+    with pytest.raises(ModelError) as refused:
+        model(server).complete(MESSAGES)
+    assert token not in str(refused.value) and "token *** may not use m" in str(refused.value)
+    assert "check that OPENAI_API_KEY may use this model" in str(refused.value)
+
+
+def test_the_overflow_reading_is_one_for_both_kinds():
+    from miniswe.models.common import overflow
+
+    assert overflow("This model's maximum context length is 8192 tokens. However, your messages resulted in "
+                    "9000 tokens.") == (8192, 9000)
+    assert overflow("the request exceeds the available context size, try increasing it exceed_context_size_error",
+                    n_ctx=4096, n_prompt="5000") == (4096, 5000)
+    assert overflow("prompt is too long: 208000 tokens > 200000 maximum") == (200000, 208000)
+    assert overflow("request (12 tokens) exceeds the available context size (8 tokens)") == (8, 12)
+    assert overflow("Input is too long for the model's context window.") == (None, None)
+    assert overflow("invalid temperature") is None and overflow("window too small", known=True) == (None, None)

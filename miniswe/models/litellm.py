@@ -1,5 +1,5 @@
 """Providers with a wire of their own (Anthropic, Gemini, Bedrock, Vertex AI, ...) through litellm, an optional
-extra (`pip install -e '.[litellm]'` in the miniswe checkout), imported only when this kind is built.
+extra (`pip install -e '.[litellm]'` in the miniswe checkout), imported only when this kind is configured.
 
 litellm speaks the provider's protocol; everything else is miniswe's, as for the openai kind: litellm's own
 retries are off and failures are retried by models/retry.py (Retry-After honoured through the shared call
@@ -9,7 +9,7 @@ ContextLengthError, and every message is masked before it is raised, logged or r
 
 The call runs on a worker thread while the caller waits on its events: litellm's clients (httpx, the provider
 SDKs) cannot be cut from outside, so a cut call is abandoned, its thread left to end at its own timeout (the
-time the call had left) with its answer dropped. litellm never reaches the network on its own: its cost map
+time the call had left) with its answer dropped; an abandoned stream is hung up on at once. litellm never reaches the network on its own: its cost map
 and its other catalogues are the copies it ships (LITELLM_OFFLINE_MODE, LITELLM_LOCAL_MODEL_COST_MAP), its
 callbacks and telemetry stay off, and its log lines are silenced (miniswe's errors say what failed).
 """
@@ -17,50 +17,39 @@ callbacks and telemetry stay off, and its log lines are silenced (miniswe's erro
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import queue
 import re
+import socket
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, model_validator
 
-from miniswe import debuglog
 from miniswe.config import Mapping, ModelConfig, Number, Seconds, Text
 from miniswe.errors import Cancelled, ConfigError, ContextLengthError, DeadlineReached, ModelError
-from miniswe.models import Reply, ToolCall
+from miniswe.models import Reply
+from miniswe.models.common import RETRY_STATUSES, ChatModel, EmptyStream, fix, overflow
 from miniswe.models.gate import CallGate
-from miniswe.models.openai import OVERFLOW, PROMPT, RETRY_STATUSES, WINDOW, EmptyStream
 from miniswe.models.pricing import PriceSettings, price
-from miniswe.models.retry import RetrySettings, Transient, call_with_retries, parse_retry_after
+from miniswe.models.retry import RetrySettings, Transient, parse_retry_after
 from miniswe.signals import Stop
-from miniswe.usage import call_usage, estimated_usage
 
 INSTALL = "pip install -e '.[litellm]' in the miniswe checkout"
 POLL_S = 0.05  # how often a caller waiting on its call looks at its Stop and deadlines
-# The variable each provider's key is read from (litellm reads the same ones), when a route's key is one
-# variable: it is hidden from the run's commands and masked like the openai kind's key. Routes whose
-# credentials are several variables or a file (bedrock/ with AWS_*, vertex_ai/ with a service account) are
-# left to litellm: set model.api_key_env to hide one of them.
-KEY_VARIABLES = {
-    "anthropic": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY", "openai": "OPENAI_API_KEY",
-    "openrouter": "OPENROUTER_API_KEY", "mistral": "MISTRAL_API_KEY", "deepseek": "DEEPSEEK_API_KEY",
-    "groq": "GROQ_API_KEY", "xai": "XAI_API_KEY", "together_ai": "TOGETHERAI_API_KEY",
-    "fireworks_ai": "FIREWORKS_AI_API_KEY", "cohere": "COHERE_API_KEY", "azure": "AZURE_API_KEY",
-}
+# Credentials of routes that litellm's own check (validate_environment) does not name, beside those it does
+UNLISTED = {"vertex_ai": ("VERTEXAI_CREDENTIALS", "GOOGLE_APPLICATION_CREDENTIALS"),
+            "bedrock": ("AWS_SESSION_TOKEN", "AWS_BEARER_TOKEN_BEDROCK"), "sagemaker": ("AWS_SESSION_TOKEN",)}
 # Keys of litellm.completion that miniswe sets itself; model.params may not set them.
 OWN_PARAMS = {"model": "model.name", "messages": "the conversation", "stream": "model.stream", "tools": "protocol.kind",
               "timeout": "model.timeout", "num_retries": "model.retries", "max_retries": "model.retries",
               "api_base": "model.api_base", "base_url": "model.api_base", "api_key": "model.api_key_env"}
-FIXES = {
-    400: "check model.params and the model's context length",
-    401: "set {key} to a valid API key",
-    403: "check that {key} may use this model",
-    404: "check model.name (provider/model, e.g. anthropic/claude-sonnet-4-5) and model.api_base",
-}
+NOT_FOUND = "check model.name (provider/model, e.g. anthropic/claude-sonnet-4-5) and model.api_base"
 
 
 def _cache_mode(value: Any) -> Any:
@@ -75,7 +64,7 @@ class LitellmConfig(PriceSettings, RetrySettings, ModelConfig):
     kind: str = "litellm"
     name: Text = ""  # provider/model as litellm routes it: anthropic/claude-sonnet-4-5, gemini/gemini-2.5-pro, bedrock/..., vertex_ai/..., openrouter/..., openai/...
     api_base: Text = ""  # the provider's endpoint, when not its usual one (a proxy, a local server); empty: litellm's default for the route
-    api_key_env: Text = ""  # name of the variable holding the key; empty: the route's own (ANTHROPIC_API_KEY for anthropic/...), else litellm finds its credentials itself
+    api_key_env: Text = ""  # name of the variable holding the key; empty: the route's own as litellm names it (ANTHROPIC_API_KEY for anthropic/...), else litellm finds its credentials itself
     temperature: Number = 0.0  # sampling temperature
     params: Mapping = {}  # extra arguments for litellm.completion, e.g. {max_tokens: 4096, vertex_project: p, aws_region_name: us-east-1}
     timeout: Seconds = 600.0  # seconds one call may take as a whole, answer included; 0 = no limit
@@ -87,11 +76,57 @@ class LitellmConfig(PriceSettings, RetrySettings, ModelConfig):
     @classmethod
     def _route_key(cls, data: Any) -> Any:
         """An empty api_key_env is the route's own key variable, so the run hides and masks it."""
-        if isinstance(data, dict) and not data.get("api_key_env") and isinstance(data.get("name"), str):
-            variable = KEY_VARIABLES.get(route_provider(data["name"]))
+        if isinstance(data, dict) and not data.get("api_key_env") and isinstance(data.get("name"), str) and data["name"]:
+            variable = route_variables(data["name"])[0]
             if variable:
                 data = {**data, "api_key_env": variable}
         return data
+
+    def secret_env(self) -> list[str]:
+        """The variables holding the model's credentials: model.api_key_env and every one the route's credentials
+        may come from (models/common.py: secret_env)."""
+        return [self.api_key_env, *route_variables(self.name)[1]] if self.name else [self.api_key_env]
+
+
+@functools.lru_cache(maxsize=64)
+def route_variables(name: str) -> tuple[str, tuple[str, ...]]:
+    """The variable a route's API key is read from ('' when its credentials are no one key: bedrock/, vertex_ai/),
+    and every secret-looking variable its credentials may come from, as litellm names them: its check of a
+    route's environment (validate_environment) asked as if none were set, so that every alternative is asked
+    for; `{PROVIDER}_API_KEY` for a route it does not check (azure_ai/, hosted_vllm/). Empty without litellm."""
+    from miniswe.redaction import secret_name
+
+    try:
+        litellm = load_litellm()
+        provider = litellm.get_llm_provider(model=name)[1]
+    except Exception:  # no litellm (the model says how to install it), or no route: the model says so
+        return "", ()
+    asked: list[str] = []
+
+    class Unset(dict):  # an environment without a variable, noting each one looked for
+        def __contains__(self, key: object) -> bool:
+            asked.append(str(key))
+            return False
+
+        def get(self, key: str, default: Any = None) -> Any:
+            asked.append(key)
+            return default
+
+    check = litellm.validate_environment
+    environ = Unset()
+    fake_os = types.SimpleNamespace(environ=environ, getenv=environ.get)
+    probe = types.FunctionType(check.__code__, {**check.__globals__, "os": fake_os}, check.__name__, check.__defaults__,
+                               check.__closure__)
+    try:
+        missing = [str(key) for key in probe(model=name)["missing_keys"]]
+    except Exception:
+        missing = []
+    own = f"{provider.upper()}_API_KEY"
+    named = list(dict.fromkeys([*asked, *missing]))
+    keys = [variable for variable in missing if variable.endswith("_API_KEY")]
+    key = own if own in named or not named else keys[0] if len(keys) == 1 else ""
+    found = [*named, key, *UNLISTED.get(provider, ())]
+    return key, tuple(dict.fromkeys(variable for variable in found if variable and secret_name(variable)))
 
 
 def route_provider(name: str) -> str:
@@ -134,6 +169,7 @@ def set_cache_control(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 
 
 _lock = threading.Lock()
+_frozen = False
 
 
 def load_litellm() -> Any:
@@ -151,10 +187,14 @@ def load_litellm() -> Any:
         import gc
         import logging
 
-        # litellm's tables (its cost map, its providers' settings) are millions of objects alive to the end:
-        # moved out of the cyclic collector's sight, every full collection and the interpreter's exit skip them
-        # (an exit took seconds longer without)
-        gc.freeze()
+        global _frozen
+        if not _frozen:  # once, just after the import: what is alive at a later call may be garbage soon
+            # litellm's tables (its cost map, its providers' settings) are millions of objects alive to the end:
+            # moved out of the cyclic collector's sight, every full collection and the interpreter's exit skip
+            # them (an exit took seconds longer without); what was garbage already is collected first
+            _frozen = True
+            gc.collect()
+            gc.freeze()
         litellm.suppress_debug_info = True  # no "Give Feedback / Get Help" lines printed on failures
         litellm.telemetry = False
         litellm.drop_params = False
@@ -163,7 +203,7 @@ def load_litellm() -> Any:
         return litellm
 
 
-class LitellmModel:
+class LitellmModel(ChatModel):
     config_class = LitellmConfig
 
     def __init__(self, config: LitellmConfig, *, gate: CallGate | None = None, stop: Stop | None = None,
@@ -213,34 +253,17 @@ class LitellmModel:
             request.update(stream=True, stream_options={"include_usage": True})
         request.update(self.config.params)
         request.update(num_retries=0, max_retries=0)  # ours retry (models/retry.py): litellm's and its SDKs' are off
-        try:
-            return self._with_retries(request, deadline)
-        except EmptyStream:  # as the openai kind: a server that closes a stream without a word is asked plainly once
-            self.on_retry(f"{self.where} closed the stream without a word; asking once without streaming")
-            plain = {key: value for key, value in request.items() if key not in ("stream", "stream_options")}
-            return self._with_retries(plain, deadline)
+        return self._ask(request, deadline)
 
-    def _with_retries(self, request: dict[str, Any], deadline: float | None) -> Reply:
-        return call_with_retries(lambda: self._attempt(request, deadline), settings=self.config, gate=self.gate,
-                                 stop=self.stop, deadline=deadline, on_retry=self.on_retry, scrub=self._scrub)
-
-    def _attempt(self, request: dict[str, Any], run_deadline: float | None) -> Reply:
-        started = time.monotonic()
-        deadline = started + self.config.timeout if self.config.timeout else None
-        own = deadline is not None and (run_deadline is None or deadline < run_deadline)
-        if run_deadline is not None and not own:
-            deadline = run_deadline
-        call = debuglog.log("request", self.where, request)
+    def _fetch(self, request: dict[str, Any], deadline: float | None, own_deadline: bool) -> tuple[dict[str, Any], Any]:
+        response = self._call(request, deadline, own_deadline)
+        data = _as_dict(response)
         try:
-            response = self._call(request, deadline, own)
-            data = _as_dict(response)
-        except Exception as error:
-            debuglog.log("failure", self.where, f"{type(error).__name__}: {self._scrub(str(error))}", call=call)
-            raise
-        debuglog.log("response", self.where, data, call=call, note=f"after {time.monotonic() - started:.2f}s")
-        reply = self._reply(response, data, request)
-        reply.latency_s = time.monotonic() - started
-        return reply
+            if not isinstance(data["choices"][0]["message"], dict):
+                raise TypeError("message")
+        except (KeyError, IndexError, TypeError):
+            raise Transient(f"{self.where} sent a malformed reply") from None
+        return data, response
 
     def _call(self, request: dict[str, Any], deadline: float | None, own_deadline: bool) -> Any:
         """litellm.completion on a worker thread, waited for here: its deltas handed to `on_delta`, its answer or
@@ -253,15 +276,17 @@ class LitellmModel:
         timeout = left if not idle else idle if left is None else min(idle, left)
         if timeout is not None:
             kwargs["timeout"] = timeout  # the worker gives up by itself soon after it is abandoned
-        key = self._key()
+        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
         if key:
             kwargs["api_key"] = key
         events: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         abandoned = threading.Event()
-        worker = threading.Thread(target=self._work, args=(kwargs, events, abandoned), name="miniswe-litellm-call",
+        opened: list[Any] = []  # the stream the worker reads, hung up on when the call is abandoned
+        worker = threading.Thread(target=self._work, args=(kwargs, events, abandoned, opened), name="miniswe-litellm-call",
                                   daemon=True)
         worker.start()
         heard = time.monotonic()
+        answered = False
         try:
             while True:
                 try:
@@ -285,24 +310,36 @@ class LitellmModel:
                 if event[0] == "delta":
                     self.on_delta(event[1], event[2])
                 elif event[0] == "done":
+                    answered = True
                     return event[1]
                 elif event[0] == "error":
+                    answered = True
                     raise self._failure(event[1], deadline, own_deadline)
         finally:
             abandoned.set()
+            for stream in [] if answered else opened[:]:
+                _hang_up(stream)  # else its worker reads on, without an end when nothing bounds the call
 
-    def _work(self, kwargs: dict[str, Any], events: queue.SimpleQueue, abandoned: threading.Event) -> None:
+    def _work(self, kwargs: dict[str, Any], events: queue.SimpleQueue, abandoned: threading.Event,
+              opened: list[Any]) -> None:
         try:
             response = self.litellm.completion(**kwargs)
             if kwargs.get("stream"):
                 chunks = []
-                for chunk in response:
-                    if abandoned.is_set():
-                        return
-                    chunks.append(chunk)
-                    events.put(("chunk",))  # the stream is alive, whatever the chunk holds
-                    for kind, text in _deltas(chunk):
-                        events.put(("delta", kind, text))
+                opened.append(response)
+                try:
+                    for chunk in () if abandoned.is_set() else response:  # abandoned already: not one read
+                        if abandoned.is_set():
+                            break
+                        chunks.append(chunk)
+                        events.put(("chunk",))  # the stream is alive, whatever the chunk holds
+                        for kind, text in _deltas(chunk):
+                            events.put(("delta", kind, text))
+                finally:
+                    opened.clear()
+                if abandoned.is_set():
+                    _hang_up(response)
+                    return
                 if not chunks:
                     raise EmptyStream()
                 response = self.litellm.stream_chunk_builder(chunks, messages=kwargs["messages"])
@@ -327,61 +364,24 @@ class LitellmModel:
             return Transient(f"{self.where}: no answer in time ({self._scrub(message)})")
         if isinstance(error, litellm.APIConnectionError) and status in (None, 500):
             return Transient(self._scrub(f"cannot reach {self.where}: {message}"))
-        if isinstance(error, litellm.ContextWindowExceededError) or (status in (400, 413) and OVERFLOW.search(message)):
-            window, prompt = _overflow_numbers(message)
+        known = isinstance(error, litellm.ContextWindowExceededError)
+        if (known or status in (400, 413)) and (found := overflow(message, known=known)):
             return ContextLengthError(self._scrub(f"{self.where} answered {status or 400}: {message}"),
-                                      window=window, prompt_tokens=prompt)
+                                      window=found[0], prompt_tokens=found[1])
         if status is not None and (status in RETRY_STATUSES or status >= 500):
             return Transient(self._scrub(f"{self.where} answered {status}: {message}"), _retry_after(error))
         if status is not None and status >= 400:
-            key = self.config.api_key_env or "the provider's key variable"
-            fix = FIXES.get(status, "check the request settings").format(key=key)
-            return ModelError(self._scrub(f"{self.where} answered {status}: {message}; {fix}"))
+            refused = fix(status, self.config.api_key_env or "the provider's key variable", NOT_FOUND)
+            return ModelError(self._scrub(f"{self.where} answered {status}: {message}; {refused}"))
         if isinstance(error, Exception) and type(error).__module__.startswith(("litellm", "openai", "httpx", "httpcore")):
             return Transient(self._scrub(f"{self.where}: {type(error).__name__}: {message}"))
         return ModelError(self._scrub(f"{self.where}: litellm failed: {type(error).__name__}: {message}"))
 
-    def _reply(self, response: Any, data: dict[str, Any], request: dict[str, Any]) -> Reply:
-        try:
-            choice = data["choices"][0]
-            message = choice["message"]
-            if not isinstance(message, dict):
-                raise TypeError("message")
-        except (KeyError, IndexError, TypeError):
-            raise Transient(f"{self.where} sent a malformed reply") from None
-        content = message.get("content") or ""
-        if isinstance(content, list):
-            content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
-        raw = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
-        cached = details.get("cached_tokens")
-        if not cached:
-            cached = raw.get("cache_read_input_tokens")
-        warnings: list[str] = []
+    def _pricing(self, raw: dict[str, Any], response: Any, warnings: list[str]) -> tuple[Any, Any]:
         if self.config.prices:  # the configured prices win over any reported or mapped cost
-            cost, pricing = None, (lambda usage: price(usage, self.config.prices))
-        else:  # the provider's (OpenRouter) or litellm's own, else litellm's cost map
-            cost, pricing = raw.get("cost"), (lambda usage: self._mapped_cost(response, warnings))
-        usage, refused = call_usage(raw.get("prompt_tokens"), raw.get("completion_tokens"), raw.get("total_tokens"),
-                                    cached or 0, cost, price=pricing)
-        if refused:
-            warnings.append(f"the endpoint reported unusable usage figures, counted as 0: {', '.join(refused)}")
-        reasoning = message.get("reasoning_content") or message.get("reasoning")
-        calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
-        if not any(raw.get(key) for key in ("prompt_tokens", "completion_tokens", "total_tokens")):
-            # no usage at all: counted from the characters, as the openai kind does, so token limits still hold
-            sent = json.dumps(request.get("messages", []), ensure_ascii=False) + json.dumps(request.get("tools") or [])
-            written = len(content) + len(reasoning if isinstance(reasoning, str) else "") + (len(json.dumps(calls)) if calls else 0)
-            usage = estimated_usage(len(sent), written)
-            usage.cost = price(usage, self.config.prices)
-        return Reply(
-            content=content if isinstance(content, str) else "",
-            reasoning=reasoning if isinstance(reasoning, str) else None,
-            finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
-            usage=usage,
-            warnings=warnings,
-            tool_calls=[ToolCall.from_wire(call, index) for index, call in enumerate(calls)],
-        )
+            return None, (lambda usage: price(usage, self.config.prices))
+        # the provider's (OpenRouter) or litellm's own, else litellm's cost map
+        return raw.get("cost"), (lambda usage: self._mapped_cost(response, warnings))
 
     def _mapped_cost(self, response: Any, warnings: list[str]) -> float:
         """USD for a call by litellm's cost map (the copy it ships); 0 with one warning when it has no price."""
@@ -397,25 +397,6 @@ class LitellmModel:
             return 0.0
         return cost
 
-    def _key(self) -> str:
-        return os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
-
-    def _scrub(self, message: str) -> str:
-        """Providers and litellm echo keys and requests back in their errors: the key is masked whatever its length,
-        every secret-looking variable's value too (litellm reads credentials miniswe never named), then the run's
-        secrets, as every printed text is."""
-        from miniswe.output import SECRETS
-        from miniswe.redaction import MASK, MIN_SECRET_LEN, secret_name
-
-        key = self._key()
-        if key:
-            message = message.replace(key, MASK)
-        for name, value in os.environ.items():
-            if len(value) >= MIN_SECRET_LEN and secret_name(name) and value in message:
-                message = message.replace(value, MASK)
-        return SECRETS.scrub(message)
-
-
 def _deltas(chunk: Any) -> list[tuple[str, str]]:
     """The reasoning and text pieces of a streamed chunk, in order."""
     try:
@@ -430,6 +411,25 @@ def _deltas(chunk: Any) -> list[tuple[str, str]]:
     if isinstance(content, str) and content:
         found.append(("content", content))
     return found
+
+
+def _hang_up(stream: Any) -> None:
+    """End a litellm stream at once, from any thread: the socket of the HTTP response behind it (httpx's, for
+    litellm's own handlers and the OpenAI SDK's) shut down, so a read waiting on it returns, then the stream closed."""
+    inner = getattr(stream, "completion_stream", None)
+    for http in (getattr(inner, "_response", None), getattr(inner, "response", None)):
+        extensions = getattr(http, "extensions", None)
+        network = extensions.get("network_stream") if isinstance(extensions, dict) else None
+        try:
+            sock = network.get_extra_info("socket") if network is not None else None
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except Exception:
+            pass
+    try:
+        stream.close()
+    except Exception:
+        pass
 
 
 def _as_dict(response: Any) -> dict[str, Any]:
@@ -487,13 +487,3 @@ def _retry_after(error: BaseException) -> float | None:
         if value:
             return parse_retry_after(str(value))
     return None
-
-
-def _overflow_numbers(text: str) -> tuple[int | None, int | None]:
-    """(window, prompt tokens) as far as a refusal for length says them."""
-
-    def first(match: Any) -> int | None:
-        value = next(filter(None, match.groups()), None) if match else None
-        return int(value) if value and int(value) > 0 else None
-
-    return first(WINDOW.search(text)), first(PROMPT.search(text))

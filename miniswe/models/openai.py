@@ -13,36 +13,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from miniswe import __version__, debuglog
+from miniswe import __version__
 from miniswe.config import Mapping, ModelConfig, Number, Seconds, Text
 from miniswe.errors import Cancelled, ConfigError, ContextLengthError, DeadlineReached, ModelError
-from miniswe.models import Reply, ToolCall
+from miniswe.models import Reply
+from miniswe.models.common import RETRY_STATUSES, ChatModel, EmptyStream, fix, overflow
 from miniswe.models.deadline import Watchdog
 from miniswe.models.gate import CallGate
-from miniswe.models.pricing import PriceSettings, price
-from miniswe.models.retry import RetrySettings, Transient, call_with_retries, parse_retry_after
+from miniswe.models.pricing import PriceSettings
+from miniswe.models.retry import RetrySettings, Transient, parse_retry_after
 from miniswe.signals import Stop
-from miniswe.usage import call_usage, estimated_usage
 
-RETRY_STATUSES = {408, 409, 425, 429}
-FIXES = {
-    400: "check model.params and the model's context length",
-    401: "set {key} to a valid API key",
-    403: "check that {key} may use this model",
-    404: "check --base-url (it usually ends in /v1) and --model",
-}
-
-
-class EmptyStream(Exception):
-    """A 200 event stream that closed without one event: how llama.cpp's servers answer a prompt over their
-    window. Not a passing fault: the call is asked once more without streaming, to learn what the server says."""
-
+NOT_FOUND = "check --base-url (it usually ends in /v1) and --model"
 
 class OpenAIConfig(PriceSettings, RetrySettings, ModelConfig):
     kind: str = "openai"
@@ -55,8 +42,12 @@ class OpenAIConfig(PriceSettings, RetrySettings, ModelConfig):
     stream: bool = False  # read replies as server-sent events as they are generated (chat shows them live)
     stream_idle_timeout: Seconds = 120.0  # seconds a stream may send nothing (the wait for its first token too) before it is cut and retried; 0 = no limit
 
+    def secret_env(self) -> list[str]:
+        """The variables holding the model's credentials (models/common.py: secret_env)."""
+        return [self.api_key_env]
 
-class OpenAIModel:
+
+class OpenAIModel(ChatModel):
     config_class = OpenAIConfig
 
     def __init__(self, config: OpenAIConfig, *, gate: CallGate | None = None, stop: Stop | None = None,
@@ -74,7 +65,7 @@ class OpenAIModel:
         import requests
 
         self.config = config
-        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.url = self.where = config.base_url.rstrip("/") + "/chat/completions"
         self.gate = gate or CallGate()
         self.stop = stop or Stop()
         self.on_retry = on_retry or (lambda message: None)
@@ -109,35 +100,9 @@ class OpenAIModel:
         if self.config.stream:  # usage comes in a last chunk only when asked for (OpenAI, vLLM)
             body.update(stream=True, stream_options={"include_usage": True})
         body.update(self.config.params)
-        try:
-            return self._with_retries(body, deadline)
-        except EmptyStream:
-            self.on_retry(f"{self.url} closed the stream without a word; asking once without streaming")
-            plain = {key: value for key, value in body.items() if key not in ("stream", "stream_options")}
-            return self._with_retries(plain, deadline)
+        return self._ask(body, deadline)
 
-    def _with_retries(self, body: dict[str, Any], deadline: float | None) -> Reply:
-        return call_with_retries(lambda: self._attempt(body, deadline), settings=self.config, gate=self.gate,
-                                 stop=self.stop, deadline=deadline, on_retry=self.on_retry, scrub=self._scrub)
-
-    def _attempt(self, body: dict[str, Any], run_deadline: float | None) -> Reply:
-        started = time.monotonic()
-        deadline = started + self.config.timeout if self.config.timeout else None
-        own = deadline is not None and (run_deadline is None or deadline < run_deadline)
-        if run_deadline is not None and not own:
-            deadline = run_deadline
-        call = debuglog.log("request", self.url, body)
-        try:
-            data = self._post(body, deadline, own)
-        except Exception as error:
-            debuglog.log("failure", self.url, f"{type(error).__name__}: {self._scrub(str(error))}", call=call)
-            raise
-        debuglog.log("response", self.url, data, call=call, note=f"after {time.monotonic() - started:.2f}s")
-        reply = self._reply(data, body)
-        reply.latency_s = time.monotonic() - started
-        return reply
-
-    def _post(self, body: dict[str, Any], deadline: float | None, own_deadline: bool) -> dict[str, Any]:
+    def _fetch(self, body: dict[str, Any], deadline: float | None, own_deadline: bool) -> tuple[dict[str, Any], None]:
         import requests
 
         headers = {}
@@ -158,7 +123,7 @@ class OpenAIModel:
                 if stream:
                     try:
                         if response.status_code == 200 and "text/event-stream" in response.headers.get("Content-Type", ""):
-                            return self._read_stream(response)
+                            return self._read_stream(response), None
                         _ = response.content  # not a stream after all (an error, or a server that ignores `stream`)
                     finally:
                         response.close()
@@ -195,12 +160,12 @@ class OpenAIModel:
                 f"{self.url} answered {response.status_code}: {_server_message(response)}",
                 parse_retry_after(response.headers.get("Retry-After")),
             )
-        if response.status_code in (400, 413) and (overflow := _context_overflow(response)):
+        if response.status_code in (400, 413) and (found := _context_overflow(response)):
             raise ContextLengthError(self._scrub(f"{self.url} answered {response.status_code}: {_server_message(response)}"),
-                                     window=overflow[0], prompt_tokens=overflow[1])
+                                     window=found[0], prompt_tokens=found[1])
         if response.status_code >= 400:
-            fix = FIXES.get(response.status_code, "check the request settings").format(key=self.config.api_key_env)
-            raise ModelError(self._scrub(f"{self.url} answered {response.status_code}: {_server_message(response)}; {fix}"))
+            refused = fix(response.status_code, self.config.api_key_env, NOT_FOUND)
+            raise ModelError(self._scrub(f"{self.url} answered {response.status_code}: {_server_message(response)}; {refused}"))
         try:
             data = response.json()
             message = data["choices"][0]["message"]
@@ -208,7 +173,7 @@ class OpenAIModel:
                 raise TypeError("message")
         except (ValueError, KeyError, IndexError, TypeError):
             raise Transient(f"{self.url} sent a malformed reply: {response.text[:120]!r}") from None
-        return data
+        return data, None
 
     def _read_stream(self, response: Any) -> dict[str, Any]:
         """The events of a streamed reply, each delta handed to `on_delta` as it arrives, assembled into the
@@ -313,42 +278,6 @@ class OpenAIModel:
             except OSError:
                 pass
 
-    def _reply(self, data: dict[str, Any], body: dict[str, Any]) -> Reply:
-        choice = data["choices"][0]
-        message = choice["message"]
-        content = message.get("content") or ""
-        if isinstance(content, list):  # content parts, as some providers send them: keep the text
-            content = "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
-        raw = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
-        cached = details.get("cached_tokens") if details.get("cached_tokens") is not None else raw.get("cached_tokens")
-        usage, refused = call_usage(raw.get("prompt_tokens"), raw.get("completion_tokens"), raw.get("total_tokens"),
-                                    cached, raw.get("cost"), price=lambda u: price(u, self.config.prices))
-        reasoning = message.get("reasoning_content") or message.get("reasoning")
-        calls = message.get("tool_calls") if isinstance(message.get("tool_calls"), list) else []
-        if not raw:  # no usage at all (a stream that ignored stream_options): counted, so token limits still hold
-            sent = json.dumps(body.get("messages", []), ensure_ascii=False) + json.dumps(body.get("tools") or [])
-            written = len(content) + len(reasoning if isinstance(reasoning, str) else "") + (len(json.dumps(calls)) if calls else 0)
-            usage = estimated_usage(len(sent), written)
-            usage.cost = price(usage, self.config.prices)
-        return Reply(
-            content=content,
-            reasoning=reasoning if isinstance(reasoning, str) else None,
-            finish_reason=choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else None,
-            usage=usage,
-            warnings=[f"the endpoint reported unusable usage figures, counted as 0: {', '.join(refused)}"] if refused else [],
-            tool_calls=[ToolCall.from_wire(call, index) for index, call in enumerate(calls)],
-        )
-
-    def _scrub(self, message: str) -> str:
-        """Servers sometimes echo the key back in their error messages: masked here whatever its length (a key too
-        short to mask in free text is still known to stand in a server's message), then as every printed text is."""
-        from miniswe.output import SECRETS
-        from miniswe.redaction import MASK
-
-        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
-        return SECRETS.scrub(message.replace(key, MASK) if key else message)
-
 
 def _session(track: Callable[[Any], None]) -> Any:
     """A requests Session whose connections are handed to `track` as each request takes one."""
@@ -446,17 +375,6 @@ def _server_message(response: Any) -> str:
     return text[:200] + ("..." if len(text) > 200 else "")
 
 
-# How servers say a prompt is longer than the context window: OpenAI and vLLM ("maximum context length is N
-# tokens ... resulted in M tokens"), llama.cpp (exceed_context_size_error with n_ctx and n_prompt_tokens, and
-# "request (M tokens) exceeds the available context size (N tokens)" or "input (M tokens) is larger than the
-# max context size (N tokens)" in words), and proxies in front of other APIs ("prompt is too long: M tokens >
-# N maximum").
-OVERFLOW = re.compile(r"context[ _](?:length|window|size)|maximum context|prompt is too long|too many (?:input )?tokens", re.I)
-WINDOW = re.compile(r"(?:maximum context length is|context (?:length|window|size) (?:is|of)) (\d+)|> (\d+) maximum"
-                    r"|context size \((\d+) tokens\)", re.I)
-PROMPT = re.compile(r"(?:resulted in|requested|prompt is too long:) (\d+) tokens|(?:request|input) \((\d+) tokens\)", re.I)
-
-
 def _context_overflow(response: Any) -> tuple[int | None, int | None] | None:
     """(window, prompt tokens) as far as the refusal says, when it refuses a prompt for its length; else None."""
     try:
@@ -465,16 +383,7 @@ def _context_overflow(response: Any) -> tuple[int | None, int | None] | None:
         error = None
     error = error if isinstance(error, dict) else {"message": error or response.text}
     text = " ".join(str(error.get(key) or "") for key in ("message", "type", "code"))
-    if not OVERFLOW.search(text) and error.get("type") != "exceed_context_size_error":
-        return None
-
-    def number(value: Any) -> int | None:
-        return int(value) if isinstance(value, (int, str)) and str(value).isdigit() and int(value) > 0 else None
-
-    window = WINDOW.search(text)
-    prompt = PROMPT.search(text)
-    return (number(error.get("n_ctx")) or (number(next(filter(None, window.groups()))) if window else None),
-            number(error.get("n_prompt_tokens")) or (number(next(filter(None, prompt.groups()))) if prompt else None))
+    return overflow(text, error.get("n_ctx"), error.get("n_prompt_tokens"))
 
 
 def _reason(error: Exception) -> str:
