@@ -118,7 +118,11 @@ class Secrets:
 
 def run_secrets(config: Any) -> Secrets:
     """Every secret value a run with `config` must never record or print."""
-    return config_secrets(config.to_dict(), [getattr(config.model, "api_key_env", "")])
+    # the model kind's own list when it has one (litellm: every variable its route reads); duck-typed, since the
+    # model kinds sit above this module
+    model = config.model
+    names = model.secret_env() if hasattr(model, "secret_env") else [getattr(model, "api_key_env", "")]
+    return config_secrets(config.to_dict(), [name for name in names if name])
 
 
 def config_secrets(config: dict[str, Any], env_names: Iterable[Any] = ()) -> Secrets:

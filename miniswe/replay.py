@@ -182,10 +182,11 @@ def replay_recording(trajectory: Trajectory, config: Any, *, until: int | None, 
     """`rerun` in a fresh environment of the recorded kind, built from `config`, closed afterwards; `scrub` masks
     the run's secrets in the new outputs."""
     from miniswe.environments import build_environment
+    from miniswe.models.common import secret_env
     from miniswe.tools.files import read_limit
 
     env = build_environment(config.environment, run_id=new_run_id(), stop=stop,
-                            hidden_env=[getattr(config.model, "api_key_env", "")])
+                            hidden_env=secret_env(config.model))
     try:
         return rerun(env, trajectory, masks=config.replay.masks, stop=stop, timeout=config.environment.timeout,
                      until=until, scrub=scrub, on_check=on_check, read_limit=read_limit(config))

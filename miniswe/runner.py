@@ -24,6 +24,7 @@ from miniswe.errors import ConfigError, UsageError
 from miniswe.hooks import load_hooks
 from miniswe.limits import NO_TIMEOUT
 from miniswe.models import Model, calls_tools, model_class
+from miniswe.models.common import secret_env
 from miniswe.models.gate import CallGate
 from miniswe.redaction import MASK, Secrets, masked_config, masked_left
 from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
@@ -254,7 +255,7 @@ def open_environment(ctx: RunContext, *, run_id: str) -> Environment:
         roots = list(dict.fromkeys(os.path.abspath(root) for root in config.agent.skills_dirs)) if skills else []
         extra_env = command_env(config, depth=ctx.depth, delegation=ctx.delegation, skills_dirs=roots)
     env = build_environment(config.environment, run_id=run_id, stop=ctx.stop, confine=config.policy.confine,
-                            hidden_env=[getattr(config.model, "api_key_env", "")],
+                            hidden_env=secret_env(config.model),
                             **({"extra_env": extra_env} if extra_env else {}))
     described = env.describe()
     trajectory.describe(environment=described)
