@@ -49,7 +49,7 @@ COUNTER = act(
     'n=$(( $(cat .n 2>/dev/null || echo 0) + 1 )); echo $n > .n.new; mv .n.new .n; echo "$NODE" >> nodes; sleep "${SLEEP:-0}"; '
     'if [ "$n" -ge "${STEPS:-3}" ]; then echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; echo "patch of $(basename "$(dirname "$PWD")")"; else echo "step $n"; fi'
 )
-TIMING = ("wall_s", "started", "ended")
+TIMING = ("wall_s", "started", "ended", "model_s")
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,7 @@ def test_spread_over_both_nodes_with_the_same_ledger_and_report_as_threads(clust
     reports = [json.loads(cluster.ns.run(sys.executable, "-m", "miniswe", "report", str(run), "--json").stdout)
                for run in (ray_run, thread_run)]
     for report in reports:
-        report.pop("wall_s")
+        report.pop("wall_s"), report.pop("time")  # timings
     assert reports[0] == reports[1]
     run_json = json.loads((ray_run / "run.json").read_text())
     assert run_json["status"] == "finished" and run_json["options"]["executor"] == "ray"
@@ -434,6 +434,49 @@ def test_sigint_twice_leaves_no_container_on_any_node(cluster, work):
     finally:
         stop(proc)
         server.stop()
+
+
+def test_each_node_pulls_its_tasks_images_through_its_own_pool(cluster, work):
+    """Docker tasks whose images come from a loopback registry (tests/registry.py): each node's tasks take their
+    image from that node's pool (an actor pinned there), which pulls it and records what each task waited."""
+    import registry as reg
+
+    problem = docker_problem() or reg.problem()
+    if problem:
+        if os.environ.get("MINISWE_REQUIRE_DOCKER"):
+            raise AssertionError(f"MINISWE_REQUIRE_DOCKER is set: {problem}")
+        pytest.skip(problem)
+    registry = reg.Registry(reg.seeded_data())
+    proxy = reg.Proxy(registry.port)
+    proxy.blob_delay = 0.5
+    server = Server(cluster.ns, work)
+    proc = None
+    try:
+        tags = ["img0", "img1", "img0", "img1"]
+        write_tasks(work, [{"id": f"pull-{i}", "task": "count to 2",
+                            "env": {"image": proxy.image(tag), "env": {"STEPS": "2", "SLEEP": "0.5"}}}
+                           for i, tag in enumerate(tags)])
+        proc = start_batch(cluster, work, server, "-w", "4")
+        code, out, err = finish(proc, timeout=240)
+        assert code == 0, err
+        run = work / "run"
+        records = ledger(run)
+        assert {r["exit_status"] for r in records.values()} == {"Submitted"} and len(records) == 4
+        assert {r["id"]: r["image"]["name"] for r in records.values()} == {f"pull-{i}": proxy.image(t) for i, t in enumerate(tags)}
+        assert {r["image"]["wait"] for r in records.values()} <= {"pull", "none"}
+        assert any(r["image"]["wait"] == "pull" and r["image"]["pull_s"] >= 0.4 for r in records.values())
+        assert len({trajectory(run, r)["metadata"]["ray_node"] for r in records.values()}) == 2
+        # the nodes share this machine's engine: an image one node pulled is there for the other
+        summary = json.loads((run / "run.json").read_text())["invocations"][-1]["images"]
+        assert 2 <= summary["pulls"] <= 4 and summary["failed"] == 0
+        pulled = [json.loads(line) for line in (run / "images.jsonl").read_text().splitlines()]
+        assert {e["image"] for e in pulled if e["event"] == "pulled"} == {proxy.image("img0"), proxy.image("img1")}
+        assert sorted(proxy.present()) == sorted({proxy.image(t) for t in tags}), "no budget: the images stay"
+    finally:
+        stop(proc)
+        server.stop()
+        proxy.close()
+        registry.close()
 
 
 LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|\[?::1\]?|\[?::ffff:127\.\d+\.\d+\.\d+\]?)$")

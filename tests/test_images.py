@@ -100,23 +100,27 @@ def wait_until(predicate, timeout=30.0, what="the condition"):
 def test_a_failed_pull_is_retried_and_a_rate_limit_pauses_every_pull_from_the_registry(proxy):
     proxy.fail = 2  # two 500s, then the real manifest
     seconds = images.pull("docker", proxy.image("img0"), policy=FAST)
-    assert seconds > 0 and len(proxy.requests("/manifests/")) == 3 and proxy.present() == [proxy.image("img0")]
+    manifests = [(e["method"], e["status"]) for e in proxy.log if "/manifests/" in e["path"]]
+    assert [m for m in manifests if m[0] == "GET" and m[1] == 500] == [("GET", 500)] * 2 and manifests[-1][1] == 200
+    assert seconds > 0 and proxy.present() == [proxy.image("img0")]
 
     proxy.rate_limit, proxy.retry_after = 1, 1
     policy = images.PullPolicy(tries=4, backoff_s=1.5, max_backoff_s=3.0)
     notices: list[str] = []
     first = threading.Thread(target=images.pull, args=("docker", proxy.image("img1")),
                              kwargs={"policy": policy, "notice": notices.append})
+    gate = images.gate_for(proxy.image("img1"))
     first.start()
-    wait_until(lambda: any(e["status"] == 429 and e.get("done") for e in proxy.requests("/manifests/")), what="the 429")
-    limited = max(e["done"] for e in proxy.requests("/manifests/") if e["status"] == 429)
-    # another pull from the same registry, begun after the 429, waits out the same pause before asking anything
+    wait_until(lambda: gate.paused_for() > 0, what="the 429's pause")
+    resume_at = time.monotonic() + gate.paused_for()
+    assert gate.paused_for() > 1.0, "the first backoff: 1.5 s, jittered by 10%"
+    # another pull from the same registry, begun during the pause, waits it out before asking anything
     second = threading.Thread(target=images.pull, args=("docker", proxy.image("img2")), kwargs={"policy": policy})
     asked = time.monotonic()
     second.start()
     first.join(30), second.join(30)
-    gets = [e for e in proxy.requests("/manifests/") if e["at"] > asked]
-    assert gets and min(e["at"] for e in gets) - limited >= 1.5 * 0.9 - 0.05, "a request came during the pause"
+    later = [e["at"] for e in proxy.log if e["at"] > asked and e["method"] == "GET" and e["path"] != "/v2/"]
+    assert later and min(later) >= resume_at - 0.05, "a request came during the pause"
     assert notices and "127.0.0.1" in notices[0] and "rate-limits pulls (toomanyrequests" in notices[0]
     assert sorted(proxy.present()) == sorted(proxy.image(t) for t in ("img0", "img1", "img2"))
 
@@ -255,7 +259,7 @@ def test_a_batch_over_more_images_than_its_budget_holds_removes_only_its_own_unn
     assert sorted(pulled) == sorted(proxy.image(t) for t in ("img0", "img1", "img2", "img3", "img4")), pulled
     # never more than two of the batch's own images at once, beside the one there before
     most = max(len(ours - {before}) for ours, _ in sampler.samples)
-    assert most <= 2, [sorted(o) for o, _ in sampler.samples if len(o - {before}) > 2][:3]
+    assert most <= 2, ([sorted(o) for o, _ in sampler.samples if len(o - {before}) > 2][:3], result.log)
     assert all(before in ours for ours, _ in sampler.samples), "the image there before the batch was removed"
     if len(sampler.others) == 1:  # nobody else changed the engine's images meanwhile: the disk itself is compared
         peak = max(disk for _, disk in sampler.samples if disk is not None)
@@ -266,6 +270,20 @@ def test_a_batch_over_more_images_than_its_budget_holds_removes_only_its_own_unn
     assert "budget" in waits, waits  # three workers, room for two images: someone queued behind the budget
     assert proxy.present() == [before], "the batch's images are gone at its end, the one there before stays"
     assert "queued behind the image budget" in result.markdown and "peak image disk" in result.markdown
+
+    # the time split on the page, as a person sees it
+    from browser import Browser
+    from miniswe.inspector import InspectOptions, inspect_paths
+
+    page = tmp_path / "run.html"
+    inspect_paths([str(tmp_path / "run")], InspectOptions(html=str(page)))
+    with Browser() as chromium:
+        chromium.open(page.as_uri())
+        chromium.wait_for("document.getElementById('app').getAttribute('data-rendered-ms')")
+        text = chromium.eval("document.body.innerText")
+    for label in ("agent time (commands and the rest)", "model time", "waiting for image pulls",
+                  "queued behind the image budget", "5 image(s) pulled in", "peak image disk (budget 7.5 MB)"):
+        assert label in text, label
 
 
 @pytest.mark.docker

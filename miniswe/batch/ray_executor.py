@@ -27,9 +27,10 @@ from miniswe.batch.ledger import LedgerRecord
 from miniswe.batch.plan import Plan
 from miniswe.batch.ray_cluster import RayCluster
 from miniswe.batch.ray_hub import Hub
-from miniswe.batch.ray_worker import Job, run_remote
+from miniswe.batch.ray_worker import Job, NodeImages, images_actor, run_remote
 from miniswe.batch.scheduler import Shared
 from miniswe.batch.worker import Event, TaskFinished, unfinished_record
+from miniswe.environments.images import combined
 from miniswe.errors import SandboxError
 from miniswe.status import ExitStatus, Outcome
 from miniswe.trajectory import store_copy
@@ -40,8 +41,12 @@ RAY_NAMED = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}
 
 
 class RayExecutor:
-    def __init__(self, cluster: RayCluster, workers: int, plans: list[Plan]):
+    def __init__(self, cluster: RayCluster, workers: int, plans: list[Plan], *, images: Any = None,
+                 image_ledger: str = ""):
         self.capacity = max(1, workers)
+        self._image_policy, self._image_ledger = images, image_ledger  # an ImagePolicy: each node's pools
+        self._node_images: list[Any] = []
+        self.images_summary: dict[str, Any] | None = None  # what every node's pools did, once closed
         self.cluster = cluster
         self.ray = cluster.ray
         self._env = {**cluster.worker_env, **handed_variables(plans)}
@@ -62,7 +67,16 @@ class RayExecutor:
             num_cpus=0, max_concurrency=2 * self.capacity + 100,
             scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
         ).remote(shared.gates.max_concurrent)
-        self._job = ray.put(Job(__version__, self._env, uuid.uuid4().hex[:12], capped=shared.gates.max_concurrent > 0))
+        token = uuid.uuid4().hex[:12]
+        if self._image_policy is not None:
+            # one per node, pinned there and living with this batch: that node's tasks pull through it
+            for node in self.cluster.nodes:
+                self._node_images.append(ray.remote(NodeImages).options(
+                    name=images_actor(token, node["NodeID"]), num_cpus=0, max_concurrency=1000,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+                ).remote(self._image_policy, self._image_ledger))
+        self._job = ray.put(Job(__version__, self._env, token, capped=shared.gates.max_concurrent > 0,
+                                images=bool(self._node_images)))
         options = {RAY_NAMED[name]: amount for name, amount in self.cluster.resources.items() if name in RAY_NAMED}
         options.setdefault("num_cpus", 0)
         custom = {name: amount for name, amount in self.cluster.resources.items() if name not in RAY_NAMED}
@@ -110,6 +124,15 @@ class RayExecutor:
         if self._hub is not None and ray.is_initialized():
             _quietly(ray.kill, self._hub)
             self._hub = None
+        if self._node_images and ray.is_initialized():
+            try:  # each node removes what it pulled (with a budget) and says what it did
+                summaries = ray.get([actor.close.remote() for actor in self._node_images], timeout=120)
+            except Exception:  # noqa: BLE001 - a node gone with its images: its numbers are lost, not the batch
+                summaries = []
+            self.images_summary = combined(summaries)
+            for actor in self._node_images:
+                _quietly(ray.kill, actor)
+            self._node_images = []
 
     def _push_stop(self) -> None:
         stop = self._shared.stop

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +57,7 @@ class Job:
     env: dict[str, str]  # variables the driver hands to the workers (keys named by the config; HOME for a private cluster)
     token: str  # names this batch's scratch folders
     capped: bool = False  # --max-concurrent-calls: a model call holds one of the hub's slots
+    images: bool = False  # each node's image pools are an actor of the executor's (NodeImages): tasks pull through it
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class WorkerSide:
         self.lock = threading.Lock()
         self.current: _Running | None = None
         self.busy = threading.Event()
+        self.images = node_images(ray, job.token, self.node) if job.images else None
         threading.Thread(target=self._follow, name="miniswe-hub-watch", daemon=True).start()
 
     def run(self, plan: Plan, attempt: int, recorded: bytes | None = None) -> Result:
@@ -119,7 +123,7 @@ class WorkerSide:
 
         try:
             services = WorkerServices(stop=self.stop, gate_for=lambda url: self._gate(url, plan.id),
-                                      renderer_for=self._renderer, emit=emit)
+                                      renderer_for=self._renderer, emit=emit, images=self.images)
             record = run_plan(local, attempt, services)
             with self.lock:
                 self.current = None  # no copy of it is sent after this
@@ -234,6 +238,93 @@ class GateProxy:
                 yield
             finally:
                 self.hub.leave.remote(self.url, holder)
+
+
+# -- each node's images ------------------------------------------------------------------------------------------
+def images_actor(token: str, node: str) -> str:
+    return f"miniswe-images-{token}-{node}"
+
+
+class NodeImages:
+    """The image pools of one node of a batch: an actor the executor pins to that node, so every task there pulls
+    through one place. The node pulls each image once, backs off from a registry once, keeps the images it pulled
+    within the budget (its own disk) and keeps its own ledger: the run directory's images.jsonl where the node
+    reaches it (lines name their host), else one of its own. Tasks are not pulled ahead here: which node runs which
+    task is Ray's choice, made as each starts."""
+
+    def __init__(self, policy: Any, ledger: str):
+        from miniswe.environments.images import BatchImages
+
+        if not os.path.isdir(os.path.dirname(ledger)):
+            digest = hashlib.sha256(ledger.encode()).hexdigest()[:12]
+            ledger = os.path.join(os.path.expanduser("~"), ".cache", "miniswe", f"images-{digest}.jsonl")
+            os.makedirs(os.path.dirname(ledger), exist_ok=True)
+        self.pools = BatchImages(policy, ledger_path=ledger)
+        self.stops: dict[str, Stop] = {}
+
+    def acquire(self, key: str, need: Any) -> tuple[str, Any]:
+        """("ok", the wait), ("pull_error", (message, kind)) or ("cancelled", message): errors cross as values."""
+        from miniswe.errors import Cancelled, PullError
+
+        stop = self.stops[key] = Stop()
+        try:
+            return "ok", self.pools.acquire(need, stop)
+        except PullError as error:
+            return "pull_error", (str(error), error.kind)
+        except Cancelled as error:
+            return "cancelled", str(error)
+        finally:
+            self.stops.pop(key, None)
+
+    def cancel(self, key: str) -> None:
+        stop = self.stops.get(key)
+        if stop is not None:
+            stop.request(Outcome(ExitStatus.INTERRUPTED, "stopped while waiting for its image"))
+
+    def release(self, need: Any) -> None:
+        self.pools.release(need)
+
+    def close(self) -> dict[str, Any] | None:
+        return self.pools.close()
+
+
+class NodeImagesClient:
+    """A worker process's side of its node's NodeImages, with BatchImages' acquire and release."""
+
+    def __init__(self, ray: Any, actor: Any):
+        self.ray, self.actor = ray, actor
+
+    def acquire(self, need: Any, stop: Stop, on_wait: Any = None) -> dict[str, Any] | None:
+        from miniswe.errors import Cancelled, PullError
+
+        key = uuid.uuid4().hex
+        call = self.actor.acquire.remote(key, need)
+        told = cancelled = False
+        while not self.ray.wait([call], timeout=SLOT_POLL_S)[0]:
+            if not told and on_wait is not None:
+                told = True
+                on_wait()
+            if stop.outcome is not None and not cancelled:
+                cancelled = True
+                self.actor.cancel.remote(key)
+        kind, value = self.ray.get(call)
+        if kind == "pull_error":
+            raise PullError(*value)
+        if kind == "cancelled":
+            raise Cancelled(value)
+        return value
+
+    def release(self, need: Any) -> None:
+        self.actor.release.remote(need)
+
+
+def node_images(ray: Any, token: str, node: str) -> NodeImagesClient | None:
+    """This node's image pools; None when the executor made none here (a node that joined later): its tasks pull
+    for themselves."""
+    try:
+        return NodeImagesClient(ray, ray.get_actor(images_actor(token, node)))
+    except ValueError:
+        return None
 
 
 def localize(plan: Plan, folder: str, node: str) -> Plan:

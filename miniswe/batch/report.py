@@ -146,7 +146,7 @@ def render_markdown(report: dict[str, Any], records: list[LedgerRecord], run: di
     if any(r.cost for r in records):
         priciest = sorted(records, key=lambda r: -(r.cost or 0))[:TOP]
         lines.append("Most expensive: " + ", ".join(f"`{r.id}` ${r.cost or 0:.4f}" for r in priciest))
-    lines += time_lines(report.get("time"), report.get("images"))
+    lines += time_lines(report.get("time"), report.get("images") or images_summary(run))
     failures = report["infra_failures"]
     interrupted = report["by_status"].get(str(ExitStatus.INTERRUPTED), 0)
     if failures:

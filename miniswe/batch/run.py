@@ -247,7 +247,9 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
     if cluster is not None:
         from miniswe.batch.ray_executor import RayExecutor
 
-        executor = RayExecutor(cluster, workers, todo)
+        needs_images = any(need_of(p.config.environment) for p in todo)
+        executor = RayExecutor(cluster, workers, todo, images=image_policy(options) if needs_images else None,
+                               image_ledger=run_dir.file(IMAGE_LEDGER))
         where = f" on {cluster.label} ({len(cluster.nodes)} node(s))"
     else:
         executor, where = ThreadExecutor(workers), ""
@@ -275,6 +277,7 @@ def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream
         progress.end()
         if shared.images is not None:
             images = shared.images.close()
+        images = images or getattr(executor, "images_summary", None)  # a Ray batch's: each node's pools
     ledger.compact()
     records = ledger.snapshot()
     run_dir.write_preds(records)

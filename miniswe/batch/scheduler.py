@@ -148,8 +148,8 @@ class Scheduler:
                     if images is not None and told != (len(pending), len(in_flight)):
                         told = (len(pending), len(in_flight))
                         # what unfinished tasks need, in the order they start: pulled ahead, and kept until done
-                        images.expect([need_of(p.config.environment) for p, _ in in_flight.values()]
-                                      + [need_of(p.config.environment) for p in pending])
+                        images.expect([need_of(p.config.environment) for p, _ in in_flight.values()],
+                                      [need_of(p.config.environment) for p in pending])
                     while pending and len(in_flight) < executor.capacity and self.stop.outcome is None:
                         if images is not None and images.fatal:
                             break  # the engine's disk is full: running tasks finish, no new one starts
@@ -175,8 +175,8 @@ class Scheduler:
             finally:
                 executor.close()
                 if images is not None:  # what tasks left unfinished still need: kept for the rerun, the rest may go
-                    images.expect([need_of(p.config.environment) for p, _ in in_flight.values()]
-                                  + [need_of(p.config.environment) for p in pending])
+                    images.expect([need_of(p.config.environment) for p, _ in in_flight.values()],
+                                  [need_of(p.config.environment) for p in pending])
 
     @staticmethod
     def _next(pending: collections.deque, images: Any) -> Plan:

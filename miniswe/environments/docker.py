@@ -144,7 +144,7 @@ class DockerEnvironment:
         if present.returncode and not says_no_such_image(present.stderr):
             raise SandboxError(engine_problem(self.tool, present.stderr))
         if cfg.pull == "always" or (present.returncode and cfg.pull == "missing"):
-            if not images.held_by_batch(self.exe, cfg.image):  # a batch pulls each image once, ahead of its tasks
+            if not (cfg.pull == "always" and images.held_by_batch(self.exe, cfg.image)):  # a batch pulls it once
                 # retried with backoff; a registry's rate limit pauses every pull of this process (PullError at last)
                 images.pull(self.exe, cfg.image, stop=self.stop, policy=images.PullPolicy(timeout_s=cfg.start_timeout))
         elif present.returncode:

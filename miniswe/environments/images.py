@@ -37,6 +37,7 @@ from miniswe.errors import Cancelled, PullError, SandboxError, UsageError
 from miniswe.signals import Stop
 
 POLL_S = 0.25  # how often a task waiting for its image looks at its Stop
+REMOVE_RETRY_S, REMOVE_TRIES = 1.0, 30  # an image a container still uses: removal tried again, for half a minute
 LEDGER = "images.jsonl"
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
          "tb": 10**12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30, "ti": 2**40,
@@ -338,6 +339,8 @@ class _Image:
         self.bytes: int | None = None  # disk its pull added
         self.blocked = False  # its pull waits for room under the budget
         self.error = ""
+        self.removals_failed = 0
+        self.remove_after = 0.0  # a removal refused (a container still being removed uses it) is tried again then
 
 
 class ImagePool:
@@ -362,6 +365,7 @@ class ImagePool:
         self._root = storage_root(self.exe)
         self._images: dict[str, _Image] = {}
         self._queue: list[str] = []  # keys of the images unfinished tasks need, in the order they will start
+        self._started: set[str] = set()  # of those, the images of tasks already handed to a worker
         self._waiting: dict[str, int] = {}  # keys of images tasks wait for now (in the order they began to)
         self._threads: list[threading.Thread] = []
         self._pulls = 0
@@ -378,19 +382,21 @@ class ImagePool:
                 held += size
         total = image_disk(self.exe)
         self._base = (total or 0) - held  # what the engine held apart from the batch's own images
-        self.disk = held if total is not None else 0
+        self._grown = held  # what the engine's images grew by since then, as last measured
+        self.disk = held  # what the batch's images take: see _measure
         self.peak = self.disk
         _LIVE_POOLS.append(self)
 
     # -- what the scheduler says -----------------------------------------------------------------------------
-    def expect(self, needs: Iterable[tuple[str, str]]) -> None:
-        """The (image, pull policy) of every unfinished task, running ones first, then in the order they will start."""
+    def expect(self, needs: Iterable[tuple[str, str]], started: int = 0) -> None:
+        """The (image, pull policy) of every unfinished task: the `started` ones first (handed to a worker), then the
+        others in the order they will start."""
         with self._cond:
             queue = []
             for name, pull in needs:
                 image = self._image(name, pull)
                 queue.append(normal(image.name))
-            self._queue = queue
+            self._queue, self._started = queue, set(queue[:started])
             self._pump()
 
     def ready(self, name: str) -> bool:
@@ -506,9 +512,9 @@ class ImagePool:
         while budget and self.disk + flying + estimate > budget and (victim := self._victim(urgent)) is not None:
             self._remove(victim)
         if budget and self.disk + flying + estimate > budget:
-            # nothing of the batch's is in use or on its way, and what it held is gone: one image larger than the
-            # whole budget runs alone rather than never
-            if not (urgent and self._pulls == 0 and not any(i.users for i in self._images.values() if i.owned)):
+            # nothing of the batch's is on disk or on its way (what it held is gone): one image larger than the whole
+            # budget runs alone rather than never
+            if not (urgent and self._holds_nothing()):
                 return False
             if not self._over_noticed:
                 self._over_noticed = True
@@ -521,7 +527,7 @@ class ImagePool:
             self._remove(victim)
         if free >= need:
             return True
-        if urgent and self._pulls == 0 and not any(i.users for i in self._images.values()):
+        if urgent and self._holds_nothing():  # nothing the batch could free: the disk is full with what others hold
             self.fatal = (f"the {self.tool} engine's disk is full: {human(free)} free in {self._root}, about {human(need)} "
                           f"needed to pull {image.name}; free space (`{self.tool} image prune`) or set a smaller "
                           "--image-budget, then rerun")
@@ -529,30 +535,43 @@ class ImagePool:
             self._cond.notify_all()
         return False
 
+    def _holds_nothing(self) -> bool:
+        """No pull under way and no image of the batch's own on disk: waiting frees nothing."""
+        return self._pulls == 0 and not any(i.owned and i.state == "present" for i in self._images.values())
+
     def _removable(self) -> list[_Image]:
-        return [i for i in self._images.values() if i.owned and i.state == "present" and not i.users]
+        now = time.monotonic()
+        return [i for i in self._images.values() if i.owned and i.state == "present" and not i.users and i.remove_after <= now]
 
     def _victim(self, urgent: bool) -> _Image | None:
         """The image to remove for room: the batch's own, unused, that no unfinished task needs, least recently
         used first. When a task waits and nothing running will free any room (only images later tasks need hold
         it), the one needed farthest ahead goes instead: it is pulled again when its task comes."""
-        candidates = [i for i in self._removable() if normal(i.name) not in self._waiting]
+        soon = {*self._waiting, *self._started}  # what tasks handed to a worker take next: never removed
+        candidates = [i for i in self._removable() if normal(i.name) not in soon]
         needed = set(self._queue)
         idle = [i for i in candidates if normal(i.name) not in needed]
         if idle:
             return min(idle, key=lambda i: i.used_at)
-        if urgent and candidates and self._pulls == 0 and not any(i.users for i in self._images.values()):
+        if urgent and candidates and self._settled(soon):
             return max(candidates, key=lambda i: self._queue.index(normal(i.name)))
         return None
 
+    def _settled(self, soon: set[str]) -> bool:
+        """No pull under way, no image in use and none a started task is about to take: waiting frees no room."""
+        return (self._pulls == 0 and not any(i.users for i in self._images.values())
+                and not any(self._images[key].state == "present" for key in soon))
+
     def _remove(self, image: _Image) -> None:
         done = engine_call(self.exe, "rmi", image.name, timeout=120)
-        if done.returncode and not is_present(self.exe, image.name):
-            done = done.__class__(done.args, 0, done.stdout, done.stderr)  # already gone: removed by someone else
-        if done.returncode:  # a container of someone else uses it: no longer the batch's to manage
-            image.owned = False
-            self.notice(f"miniswe: could not remove image {image.name} ({first_line(done.stderr)}); it stays, "
-                        "outside the image budget's count")
+        if done.returncode and is_present(self.exe, image.name):  # a container uses it: one of the batch's, going?
+            image.removals_failed += 1
+            image.remove_after = time.monotonic() + REMOVE_RETRY_S
+            if image.removals_failed >= REMOVE_TRIES:  # someone else's: no longer the batch's to manage
+                image.owned = False
+                self.notice(f"miniswe: could not remove image {image.name} ({first_line(done.stderr)}); it stays, "
+                            "outside the image budget's count")
+                self._recount()
             return
         image.state, image.owned = "absent", False
         self.stats["removed"] += 1
@@ -561,14 +580,22 @@ class ImagePool:
         self._measure()
 
     def _measure(self) -> int:
-        """The disk the batch's images take now; what it grew by since the last look."""
+        """Look at the engine's image disk again; what it grew by since the last look."""
         total = image_disk(self.exe)
-        if total is None:
-            return 0
-        disk = max(0, total - self._base)
-        grown, self.disk = max(0, disk - self.disk), disk
-        self.peak = max(self.peak, disk)
+        grown = 0
+        if total is not None:
+            grown, self._grown = max(0, total - self._base - self._grown), total - self._base
+        self._recount()
         return grown
+
+    def _recount(self) -> None:
+        """The disk the batch's images take: what the engine's images grew by since the batch began, or the sum of
+        what each of its images added when pulled, whichever is more. The growth sees layers the batch's images
+        share, and other users' images added meanwhile; the sum, what other users removed meanwhile (on a shared
+        engine, their removals must not make room for the batch's pulls)."""
+        own = sum(i.bytes or 0 for i in self._images.values() if i.owned and i.state == "present")
+        self.disk = max(0, self._grown, own)
+        self.peak = max(self.peak, self.disk)
 
     def _start(self, image: _Image) -> None:
         image.state = "pulling"
@@ -597,6 +624,7 @@ class ImagePool:
                 image.state, image.owned = "present", owned
                 grown = self._measure()
                 image.bytes = grown if owned else image.bytes
+                self._recount()
                 image.used_at = time.monotonic()
                 self.stats["pulls"] += 1
                 self.stats["bytes_pulled"] += grown
@@ -624,11 +652,17 @@ class ImagePool:
         for thread in list(self._threads):
             thread.join(timeout=10)
         with self._cond:
-            if tidy:
+            if tidy:  # a few tries: the last task's container may still be going
                 needed = set(self._queue)
-                for image in self._removable():
-                    if normal(image.name) not in needed:
-                        self._remove(image)
+                for _ in range(5):
+                    left = [i for i in self._images.values() if i.owned and i.state == "present" and not i.users
+                            and normal(i.name) not in needed]
+                    if not left:
+                        break
+                    for image in left:
+                        if image.remove_after <= time.monotonic():
+                            self._remove(image)
+                    self._cond.wait(REMOVE_RETRY_S if any(i.state == "present" for i in left) else 0)
             if self._parent_stop is not None:
                 self._parent_stop.unlink(self._stop)
             with contextlib.suppress(ValueError):
@@ -681,15 +715,19 @@ class BatchImages:
     def fatal(self) -> str | None:
         return next((pool.fatal for pool in list(self._pools.values()) if pool is not None and pool.fatal), None)
 
-    def expect(self, needs: Iterable[Need | None]) -> None:
+    def expect(self, started: Iterable[Need | None], queued: Iterable[Need | None]) -> None:
+        """What the tasks handed to a worker need, then what the queued ones need, in the order they will start."""
         by_exe: dict[str, list[tuple[str, str]]] = {}
-        for need in needs:
-            if need is not None:
-                by_exe.setdefault(need[0], []).append((need[1], need[2]))
+        counts: dict[str, int] = {}
+        for index, needs in enumerate((started, queued)):
+            for need in needs:
+                if need is not None:
+                    by_exe.setdefault(need[0], []).append((need[1], need[2]))
+                    counts[need[0]] = counts.get(need[0], 0) + (index == 0)
         for exe in set(by_exe) | {exe for exe, pool in self._pools.items() if pool is not None}:
             pool = self.pool(exe)
             if pool is not None:
-                pool.expect(by_exe.get(exe, []))
+                pool.expect(by_exe.get(exe, []), counts.get(exe, 0))
 
     def ready(self, need: Need | None) -> bool:
         pool = self._pools.get(need[0]) if need is not None else None
@@ -706,12 +744,17 @@ class BatchImages:
 
     def close(self) -> dict[str, Any] | None:
         """Every pool closed; their numbers together (None when no task needed an image)."""
-        summaries = [pool.close(tidy=bool(self.policy.budget)) for pool in self._pools.values() if pool is not None]
-        if not summaries:
-            return None
-        total = {key: sum(s[key] for s in summaries) for key in ("pulls", "failed", "bytes_pulled", "removed", "rate_limited")}
-        return {**total, "pull_s": round(sum(s["pull_s"] for s in summaries), 3),
-                "peak_disk": max(s["peak_disk"] for s in summaries), "budget": self.policy.budget}
+        return combined([pool.close(tidy=bool(self.policy.budget)) for pool in self._pools.values() if pool is not None])
+
+
+def combined(summaries: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Pools' numbers together: counts and times summed, the peak disk the largest (each machine has its own)."""
+    summaries = [s for s in summaries if s]
+    if not summaries:
+        return None
+    total = {key: sum(s[key] for s in summaries) for key in ("pulls", "failed", "bytes_pulled", "removed", "rate_limited")}
+    return {**total, "pull_s": round(sum(s["pull_s"] for s in summaries), 3),
+            "peak_disk": max(s["peak_disk"] for s in summaries), "budget": max(s["budget"] for s in summaries)}
 
 
 def held_by_batch(exe: str, name: str) -> bool:

@@ -234,6 +234,7 @@
       t.graded ? card(secs(t.grade_wall_s), "grading time (" + t.graded + " graded, apart from the tasks')") : null,
       card(int(t.tokens), "tokens"), card(money(t.cost), "cost"), card(secs(t.wall_s), "wall time (sum)"));
     root.appendChild(cards);
+    root.appendChild(timeSplit(t));
     var byStatus = {};
     Object.keys(t.by_status).forEach(function (k) { byStatus[k] = t.by_status[k]; });
     if (t.unfinished) byStatus["unfinished"] = t.unfinished;  // began, no ledger line: the batch stopped while it ran
@@ -321,6 +322,31 @@
     return details("Tests (" + summary.join(" · ") + ")", body, true);
   }
 
+  // Where the tasks' time went, apart: the agent's runs (model calls within them), the waits for images before
+  // they started (a pull, room under the image budget), grading; then what the batch's image pulls came to.
+  function timeSplit(t) {
+    var box = el("div", { class: "cards" });
+    if (!t.model_s && !t.image_wait_s && !t.images) return box;
+    box.appendChild(card(secs(t.wall_s - (t.model_s || 0)), "agent time (commands and the rest)"));
+    box.appendChild(card(secs(t.model_s || 0), "model time"));
+    if (t.image_wait_s || t.images) {
+      box.appendChild(card(secs(t.pull_wait_s || 0), "waiting for image pulls"));
+      if (t.budget_wait_s) box.appendChild(card(secs(t.budget_wait_s), "queued behind the image budget"));
+    }
+    if (t.graded) box.appendChild(card(secs(t.grade_wall_s), "grading time"));
+    var im = t.images;
+    if (im) {
+      box.appendChild(card(bytes(im.bytes_pulled), im.pulls + " image(s) pulled in " + secs(im.pull_s)));
+      box.appendChild(card(bytes(im.peak_disk), "peak image disk" + (im.budget ? " (budget " + bytes(im.budget) + ")" : "")));
+    }
+    return box;
+  }
+  function bytes(n) {
+    var units = ["B", "kB", "MB", "GB", "TB"], i = 0;
+    n = n || 0;
+    while (n >= 1000 && i < units.length - 1) { n /= 1000; i++; }
+    return (i ? n.toFixed(1) : String(n)) + " " + units[i];
+  }
   function card(n, label) { return el("div", { class: "card" }, el("div", { class: "n" }, n), el("div", { class: "l" }, label)); }
 
   function taskRow(r) {

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from typing import Any
 
+from miniswe.environments.images import human
 from miniswe.output import visible
 
 LABEL = 10  # width of the header's labels
@@ -230,7 +231,19 @@ def run_summary(view: dict[str, Any]) -> list[str]:
     counts += [f"{totals['tokens']:,} tokens", money(totals["cost"]), f"{seconds(totals['wall_s'])} of task time"]
     if totals.get("graded"):
         counts.append(f"{totals['graded']} graded in {seconds(totals['grade_wall_s'])} (apart from task time)")
-    return [" · ".join(facts), " · ".join(counts)]
+    lines = [" · ".join(facts), " · ".join(counts)]
+    if totals.get("model_s") or totals.get("image_wait_s") or totals.get("images"):
+        time = [f"model calls {seconds(totals['model_s'])} of the task time"]
+        if totals.get("image_wait_s"):
+            time.append(f"waited {seconds(totals['image_wait_s'])} for images before tasks started (pulls "
+                        f"{seconds(totals['pull_wait_s'])}, image budget {seconds(totals['budget_wait_s'])})")
+        images = totals.get("images")
+        if images:
+            budget = f" of {human(images['budget'])}" if images.get("budget") else ""
+            time.append(f"{images['pulls']} image(s) pulled, {human(images['bytes_pulled'])} in "
+                        f"{seconds(images['pull_s'])}; peak image disk {human(images['peak_disk'])}{budget}")
+        lines.append(" · ".join(time))
+    return lines
 
 
 def plain_run(view: dict[str, Any]) -> str:

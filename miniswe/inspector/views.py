@@ -242,7 +242,7 @@ def run_view(run_dir: str, *, sort: str | None = None, status: str | None = None
     from miniswe.batch.report import build_report, load_run
 
     records, run = load_run(run_dir)
-    numbers = build_report(records)
+    numbers = build_report(records, run)
     rows = [row_view(r) for r in records]
     run = run or {}
     rows += unfinished_rows(run_dir, run, {r.id for r in records})
@@ -255,6 +255,10 @@ def run_view(run_dir: str, *, sort: str | None = None, status: str | None = None
         "wall_s": round(sum(r["wall_s"] for r in rows), 3),
         "graded": (numbers["grading"] or {}).get("graded", 0),
         "grade_wall_s": (numbers["grading"] or {}).get("total_wall_s", 0.0),
+        # where the time went, apart (batch/report.py time_split), and what the image pools did (None: nothing pulled)
+        "model_s": numbers["time"]["model_s"], "image_wait_s": numbers["time"]["image_wait_s"],
+        "pull_wait_s": numbers["time"]["pull_wait_s"], "budget_wait_s": numbers["time"]["budget_wait_s"],
+        "image_waits": numbers["time"]["image_waits"], "images": numbers["images"],
     }
     return {
         "inspect": "run",
@@ -275,7 +279,7 @@ def row_view(record: Any) -> dict[str, Any]:
         "id": record.id, "exit_status": record.exit_status, "resolved": record.resolved, "steps": record.steps,
         "tokens": record.tokens, "cost": record.cost or 0.0, "wall_s": record.wall_s or 0.0,
         "exit_detail": detail[-1][:300] if detail else None, "trajectory": record.trajectory,
-        "attempt": record.attempt, "grade": record.grade,
+        "attempt": record.attempt, "grade": record.grade, "image": record.image,
     }
 
 
@@ -323,7 +327,8 @@ def unfinished_rows(run_dir: str, run: dict[str, Any], finished: set[str]) -> li
             continue
         relative = trajectory_name(task_id)
         row = {"id": task_id, "exit_status": NOT_RUN, "resolved": None, "steps": 0, "tokens": 0, "cost": 0.0,
-               "wall_s": 0.0, "exit_detail": "never started", "trajectory": None, "attempt": None, "grade": None}
+               "wall_s": 0.0, "exit_detail": "never started", "trajectory": None, "attempt": None, "grade": None,
+               "image": None}
         if os.path.isfile(os.path.join(run_dir, relative)):
             row.update(exit_status=UNFINISHED, trajectory=relative,
                        exit_detail="began but did not finish (the batch was stopped or killed while it ran)")
