@@ -26,7 +26,7 @@ from miniswe.limits import NO_TIMEOUT
 from miniswe.models import Model, calls_tools, model_class
 from miniswe.models.common import secret_env
 from miniswe.models.gate import CallGate
-from miniswe.redaction import MASK, Secrets, masked_config, masked_left
+from miniswe.redaction import MASK, Secrets, check_forwarded_keys, masked_config, masked_left
 from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
 from miniswe.templates import Renderer, prompt_variables
 from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory, new_run_id
@@ -67,11 +67,22 @@ def check_ready(config: Config, task: str = "", instance: dict[str, Any] | None 
     load_hooks(config.agent.hooks)  # a hook that cannot be loaded is bad input, found before anything runs
     agent_class(config)
     check_environment(config.environment)
+    container_key_notice(config)
     check_protocol(config)
     check_unmasked(config)
     build_model(config)  # the model refuses bad settings when built (no endpoint, no name, an unreadable script)
     report_skills(config, notify)
     return renderer
+
+
+def container_key_notice(config: Config) -> str | None:
+    """A container handed the model's key (`-e OPENAI_API_KEY`, forward_env) lets every command read and spend it:
+    refused (ConfigError), unless allow_unsafe_run_args, when this is the notice to record and print."""
+    env = config.environment
+    if not hasattr(env, "forward_env"):
+        return None
+    return check_forwarded_keys(secret_env(config.model), env.forward_env, getattr(env, "run_args", ()),
+                                allow=getattr(env, "allow_unsafe_run_args", False))
 
 
 def check_protocol(config: Config) -> None:
@@ -259,7 +270,8 @@ def open_environment(ctx: RunContext, *, run_id: str) -> Environment:
                             **({"extra_env": extra_env} if extra_env else {}))
     described = env.describe()
     trajectory.describe(environment=described)
-    for notice in described.get("notices", ()):
+    key_notice = container_key_notice(config)
+    for notice in [*described.get("notices", ()), *([key_notice] if key_notice else [])]:
         trajectory.warn(notice)
         ctx.notify(f"notice: {notice}")
     return env

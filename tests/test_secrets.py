@@ -315,3 +315,13 @@ def test_the_models_key_forwarded_into_a_container_is_refused_unless_allowed(mon
     notice = check_forwarded_keys(["OPENAI_API_KEY"], ["OPENAI_API_KEY"], [], allow=True)
     assert notice and "\n" not in notice and KEY not in notice
     assert check_forwarded_keys(["OPENAI_API_KEY"], ["GITHUB_TOKEN"], ["-e", "A=b"], allow=False) is None
+
+
+def test_a_run_that_would_hand_the_models_key_to_its_container_is_refused_before_anything_runs(cli, server, tmp_path):
+    # every command in the container could read the key (and spend it outside any cost limit): refused at start
+    result = cli("run", "x", "--base-url", server.base_url, "-m", "m", "-o", "t.json", "--image", "alpine",
+                 "-c", "environment.run_args=[-e, OPENAI_API_KEY]", env={"OPENAI_API_KEY": KEY})
+    assert result.returncode == 2 and not server.requests and not (tmp_path / "t.json").exists()
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "hands the model's key to the container" in lines[0] and KEY not in result.stderr
+    assert "allow_unsafe_run_args" in lines[0], "the line says how to do it anyway"
