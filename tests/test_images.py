@@ -194,13 +194,16 @@ def test_images_are_pulled_ahead_while_tasks_run_and_each_task_records_its_wait(
     # the others' pulls went on while the task before them ran: they started at once
     assert [waits[f"t{i}-{tag}"]["wait"] for i, tag in enumerate(tags)][1:] == ["none", "none", "none"]
     assert all(w["name"] == proxy.image(t) for w, t in zip(waits.values(), tags))
-    # the registry's own log: img1's layer was served while t0 ran, before t0 ended
-    t0_ended = found["t0-img0"]["ended"]
-    assert t0_ended and len([e for e in proxy.requests("/blobs/") if e["status"] == 200]) >= 2 * len(tags)
+    assert len([e for e in proxy.requests("/blobs/") if e["status"] == 200]) == 2 * len(tags), "each pulled once"
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     pulled = run["invocations"][-1]["images"]
     assert pulled["pulls"] == 4 and pulled["failed"] == 0 and pulled["pull_s"] >= 4 * 1.0
     assert 4 * 2_900_000 <= pulled["bytes_pulled"] <= 4 * 3_300_000, pulled
+    # against what the registry served (random layers: the download is about their size on disk)
+    served = sum(e["bytes"] for e in proxy.requests("/blobs/") if e["status"] == 200)
+    assert abs(pulled["bytes_pulled"] - served) <= 0.05 * served, (pulled["bytes_pulled"], served)
+    slowest = [e["done"] - e["at"] for e in proxy.requests("/blobs/")]
+    assert min(slowest) >= 1.0 and pulled["pull_s"] >= 4 * min(slowest)  # the report's pull time is the link's
     report = result.report
     assert report["time"]["image_waits"] == {"none": 3, "pull": 1} and report["time"]["pull_wait_s"] >= 0.9
     assert report["time"]["model_s"] > 0 and report["images"]["pulls"] == 4
@@ -217,7 +220,7 @@ class Sampler:
     """The engine's image list and `docker system df`, sampled while a batch runs."""
 
     def __init__(self, proxy):
-        self.proxy, self.samples, self.others = proxy, [], set()
+        self.proxy, self.samples, self.others, self.times = proxy, [], set(), []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -228,6 +231,7 @@ class Sampler:
             ours = {n for n in names if n.startswith(f"127.0.0.1:{self.proxy.port}/")}
             self.others.add(frozenset(names - ours))
             self.samples.append((ours, images.image_disk("docker")))
+            self.times.append(time.time())
             time.sleep(0.1)
 
     def __enter__(self):
@@ -259,7 +263,9 @@ def test_a_batch_over_more_images_than_its_budget_holds_removes_only_its_own_unn
     assert sorted(pulled) == sorted(proxy.image(t) for t in ("img0", "img1", "img2", "img3", "img4")), pulled
     # never more than two of the batch's own images at once, beside the one there before
     most = max(len(ours - {before}) for ours, _ in sampler.samples)
-    assert most <= 2, ([sorted(o) for o, _ in sampler.samples if len(o - {before}) > 2][:3], result.log)
+    ledger = (tmp_path / "run" / "images.jsonl").read_text()
+    assert most <= 2, ([(t, sorted(o)) for t, (o, _) in zip(sampler.times, sampler.samples) if len(o - {before}) > 2][:3],
+                       ledger, result.log)
     assert all(before in ours for ours, _ in sampler.samples), "the image there before the batch was removed"
     if len(sampler.others) == 1:  # nobody else changed the engine's images meanwhile: the disk itself is compared
         peak = max(disk for _, disk in sampler.samples if disk is not None)
@@ -363,3 +369,25 @@ def test_kill_9_mid_pull_leaves_no_half_state_and_a_rerun_finishes_and_tidies(tm
     after = subprocess.run(["docker", "images", "--filter", "dangling=true", "--format", "{{.ID}}"],
                            capture_output=True, text=True).stdout.split()
     assert not set(after) - set(dangling), "a half-pulled image was left behind"
+
+
+@pytest.mark.docker
+@pytest.mark.xdist_group("registry")
+def test_a_full_disk_is_reported_as_such_before_any_pull_and_no_new_task_starts(tmp_path, proxy, model, monkeypatch):
+    monkeypatch.setattr(images, "_free_bytes", lambda root: 300_000_000)  # under the 1 GB a pull must leave free
+    tasks = write_tasks(tmp_path / "tasks.yaml", proxy, ["img0", "img1", "img2"])
+    result = batch(model, tasks, tmp_path / "run", workers=1)
+    assert result.exit_code == 3 and result.not_started == ["t1-img1", "t2-img2"]
+    found = records(tmp_path / "run")
+    assert list(found) == ["t0-img0"] and found["t0-img0"]["exit_status"] == "PullError"
+    detail = found["t0-img0"]["exit_detail"]
+    assert detail.startswith("the docker engine's disk is full: 300.0 MB free in ") and "about 1.0 GB needed to pull" in detail
+    assert "free space (`docker image prune`) or set a smaller --image-budget, then rerun" in detail
+    assert "miniswe: the docker engine's disk is full" in result.log and "no new task starts" in result.log
+    assert "2 task(s) not run (the docker engine's disk is full" in result.markdown
+    assert not proxy.requests("/blobs/") and not (tmp_path / "run" / "images.jsonl").exists(), "nothing was pulled"
+    assert not model.requests
+
+    monkeypatch.undo()  # room again: the rerun runs them all
+    again = batch(model, tasks, tmp_path / "run", workers=1)
+    assert again.exit_code == 0 and again.ran == 3

@@ -37,6 +37,7 @@ from miniswe.errors import Cancelled, PullError, SandboxError, UsageError
 from miniswe.signals import Stop
 
 POLL_S = 0.25  # how often a task waiting for its image looks at its Stop
+DF_TRIES = 20  # `system df` asked again while another one runs (about 10 s in all)
 REMOVE_RETRY_S, REMOVE_TRIES = 1.0, 30  # an image a container still uses: removal tried again, for half a minute
 LEDGER = "images.jsonl"
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -118,14 +119,17 @@ def present_images(exe: str) -> set[str]:
     if listed.returncode:
         raise SandboxError(engine_problem(os.path.basename(exe), listed.stderr))
     found = set()
+    podman = "podman" in os.path.basename(exe)
     for line in listed.stdout.splitlines():
         repository, tag, digest = (line.split("\t") + ["", ""])[:3]
         if not repository or repository == "<none>":
             continue
-        if tag and tag != "<none>":
-            found.add(normal(f"{repository}:{tag}"))
-        if digest and digest != "<none>":
-            found.add(normal(f"{repository}@{digest}"))
+        # podman names an image built or loaded here localhost/NAME, and runs it as NAME too
+        for name in [repository] + ([repository.removeprefix("localhost/")] if podman and repository.startswith("localhost/") else []):
+            if tag and tag != "<none>":
+                found.add(normal(f"{name}:{tag}"))
+            if digest and digest != "<none>":
+                found.add(normal(f"{name}@{digest}"))
     return found
 
 
@@ -134,17 +138,27 @@ def is_present(exe: str, name: str) -> bool:
 
 
 def image_disk(exe: str) -> int | None:
-    """Bytes the engine's images take (`system df`: shared layers once); None when the engine does not say."""
-    try:
-        done = engine_call(exe, "system", "df", "--format", "{{json .}}", timeout=60)
-    except SandboxError:
-        return None
-    for line in done.stdout.splitlines():
-        with contextlib.suppress(ValueError, AttributeError):
-            row = json.loads(line)
-            if row.get("Type") == "Images":
-                return parse_size(str(row.get("Size")).replace("B", ""))
+    """Bytes the engine's images take (`system df`: shared layers once); None when the engine does not say. dockerd
+    refuses a `system df` while another runs ("a disk usage operation is already running": anyone watching the
+    disk), so a refusal is asked again."""
+    for attempt in range(DF_TRIES):
+        try:
+            done = engine_call(exe, "system", "df", "--format", "{{json .}}", timeout=60)
+        except SandboxError:
+            return None
+        for line in done.stdout.splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                row = json.loads(line)
+                if row.get("Type") == "Images":
+                    return parse_size(str(row.get("Size")).replace("B", ""))
+        time.sleep(0.05 * (attempt + 1))
     return None
+
+
+def image_size(exe: str, name: str) -> int | None:
+    """An image's own size, its layers shared with others included."""
+    done = engine_call(exe, "image", "inspect", "--format", "{{.Size}}", name)
+    return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else None
 
 
 def storage_root(exe: str) -> str | None:
@@ -286,8 +300,10 @@ class ImageLedger:
         self._lock = threading.Lock()
 
     def add(self, exe: str, image: str, event: str, **data: Any) -> None:
+        now = time.time()
         line = json.dumps({"image": image, "event": event, "host": socket.gethostname(), "engine": os.path.basename(exe),
-                           "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **data}) + "\n"
+                           "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+                           + time.strftime("%z", time.localtime(now)), **data}) + "\n"
         with self._lock:
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -381,7 +397,7 @@ class ImagePool:
                 image.there_before, image.owned, image.bytes = False, True, size or None
                 held += size
         total = image_disk(self.exe)
-        self._base = (total or 0) - held  # what the engine held apart from the batch's own images
+        self._base = None if total is None else total - held  # what the engine held apart from the batch's images
         self._grown = held  # what the engine's images grew by since then, as last measured
         self.disk = held  # what the batch's images take: see _measure
         self.peak = self.disk
@@ -579,10 +595,12 @@ class ImagePool:
             self.ledger.add(self.exe, image.name, "removed")
         self._measure()
 
-    def _measure(self) -> int:
-        """Look at the engine's image disk again; what it grew by since the last look."""
+    def _measure(self) -> int | None:
+        """Look at the engine's image disk again; what it grew by since the last look (None: the engine did not say)."""
         total = image_disk(self.exe)
-        grown = 0
+        grown = None
+        if total is not None and self._base is None:  # the engine did not say at the start: from now on, then
+            self._base = total - sum(i.bytes or 0 for i in self._images.values() if i.owned and i.state == "present")
         if total is not None:
             grown, self._grown = max(0, total - self._base - self._grown), total - self._base
         self._recount()
@@ -609,7 +627,8 @@ class ImagePool:
 
     def _pull(self, image: _Image, owned: bool) -> None:
         def notice(line: str) -> None:
-            self.stats["rate_limited"] += 1
+            with self._cond:
+                self.stats["rate_limited"] += 1
             self.notice(line)
 
         error: BaseException | None = None
@@ -623,6 +642,8 @@ class ImagePool:
             if error is None:
                 image.state, image.owned = "present", owned
                 grown = self._measure()
+                if grown is None:  # the engine did not say: the image's whole size, shared layers too, to be safe
+                    grown = image_size(self.exe, image.name) or self._estimate(image) or 0
                 image.bytes = grown if owned else image.bytes
                 self._recount()
                 image.used_at = time.monotonic()
