@@ -184,7 +184,7 @@ def model():
 def test_images_are_pulled_ahead_while_tasks_run_and_each_task_records_its_wait(tmp_path, proxy, model):
     proxy.blob_delay = 1.0  # a slow link: each pull takes over a second
     tags = ["img0", "img1", "img2", "img3"]
-    tasks = write_tasks(tmp_path / "tasks.yaml", proxy, tags, sleep=1.5)
+    tasks = write_tasks(tmp_path / "tasks.yaml", proxy, tags, sleep=0.8)
     result = batch(model, tasks, tmp_path / "run", workers=1, prefetch=2)
     assert result.exit_code == 0, result.log
     found = records(tmp_path / "run")
