@@ -242,6 +242,11 @@ def batch(
     split: Annotated[str, typer.Option("--split", help="The split of a dataset given by name.")] = "test",
     grade: Annotated[Optional[bool], typer.Option("--grade/--no-grade", help="Grade SWE-bench submissions by the official harness (default: when it is installed).")] = None,
     grade_timeout: Annotated[float, typer.Option("--grade-timeout", help="Seconds for one instance's eval script.")] = 1800.0,
+    image_budget: Annotated[Optional[str], typer.Option("--image-budget", help="Disk the images this batch pulls may take on each machine, e.g. 50G; those no queued or running task needs are removed, least recently used first (default: no budget).")] = None,
+    prefetch: Annotated[Optional[int], typer.Option("--prefetch", help="Images of queued tasks to pull while workers run (default: one per worker, at least 2; 0: each when its task starts).")] = None,
+    max_pulls: Annotated[int, typer.Option("--max-pulls", help="Image pulls at once on each machine.")] = 2,
+    pull_tries: Annotated[int, typer.Option("--pull-tries", help="Tries of a failing pull before its task ends as PullError.")] = 5,
+    pull_backoff: Annotated[float, typer.Option("--pull-backoff", help="Seconds before a failed pull is tried again, doubling; a rate limit pauses every pull from that registry.")] = 5.0,
     *,
     flags: dict,
 ) -> None:
@@ -262,11 +267,43 @@ def batch(
             redo=redo, force=force, max_concurrent_calls=max_concurrent_calls, batch_cost_limit=batch_cost_limit,
             batch_token_limit=batch_token_limit, quiet=quiet, executor=executor, ray_address=ray_address,
             ray_resources=ray_resources, split=split, grade=grade, grade_timeout=grade_timeout,
+            image_budget=image_budget, prefetch=prefetch, max_pulls=max_pulls, pull_tries=pull_tries,
+            pull_backoff=pull_backoff,
             command=_rerun_command("batch", output, default_run_dir(tasks, shard, split), fallback=[tasks]),
         )
         _run_batch(cfg, options)
     except MinisweError as error:
         fail(error)
+
+
+@app.command()
+@with_flags("image", "env", "debug")
+def images(
+    tasks: Annotated[str, typer.Argument(help="Task file or dataset, as for `miniswe batch`.")],
+    config: ConfigOpt = [],
+    filter: Annotated[Optional[str], typer.Option("--filter", help="Only tasks whose id matches this regex.")] = None,
+    slice: Annotated[Optional[str], typer.Option("--slice", help="Tasks START:STOP of the (filtered) list.")] = None,
+    shard: Annotated[Optional[str], typer.Option("--shard", help="Shard I of N (I/N).")] = None,
+    split: Annotated[str, typer.Option("--split", help="The split of a dataset given by name.")] = "test",
+    max_pulls: Annotated[int, typer.Option("--max-pulls", help="Pulls at once.")] = 2,
+    *,
+    flags: dict,
+) -> None:
+    """Pull every image a task list needs, once, before many runs (a batch never removes images that were there before it).
+
+    Exit codes: 0 every image is there, 2 bad input, 3 some could not be pulled (run it again to retry them).
+    """
+    from miniswe.errors import MinisweError
+
+    try:
+        from miniswe.batch.evaluate import batch_sources
+        from miniswe.environments.images import prepull
+
+        cfg = resolve_config([*batch_sources(tasks), *config], flags)
+        code = prepull(tasks, cfg, split=split, filter=filter, slice=slice, shard=shard, max_pulls=max_pulls)
+    except MinisweError as error:
+        fail(error)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -420,7 +457,7 @@ def report(
         records, run = load_run(run_dir)
     except MinisweError as error:
         fail(error)
-    numbers = build_report(records)
+    numbers = build_report(records, run)
     print(json.dumps(numbers, indent=2) if as_json else visible(render_markdown(numbers, records, run, os.path.abspath(run_dir))))
 
 
