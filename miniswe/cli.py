@@ -297,7 +297,7 @@ def images(
 
     try:
         from miniswe.batch.evaluate import batch_sources
-        from miniswe.environments.images import prepull
+        from miniswe.batch.prepull import prepull
 
         cfg = resolve_config([*batch_sources(tasks), *config], flags)
         code = prepull(tasks, cfg, split=split, filter=filter, slice=slice, shard=shard, max_pulls=max_pulls)

@@ -318,10 +318,12 @@ def test_a_pull_that_finally_fails_is_its_own_outcome_and_a_rerun_pulls_again(tm
 @pytest.mark.docker
 @pytest.mark.xdist_group("registry")
 def test_images_prepulls_what_a_task_list_needs(tmp_path, proxy):
+    from miniswe.batch.prepull import prepull
+
     tasks = write_tasks(tmp_path / "tasks.yaml", proxy, ["img0", "img1", "img0"], ids={2: "again"})
     config = load_config({})
     out = io.StringIO()
-    assert images.prepull(str(tasks), config, stream=out, policy=FAST) == 0
+    assert prepull(str(tasks), config, stream=out, policy=FAST) == 0
     text = out.getvalue()
     assert text.count("miniswe images: pulled   ") == 2 and "2 image(s): 2 pulled, 0 already present, 0 failed" in text
     again = subprocess.run([sys.executable, "-m", "miniswe", "images", str(tasks)], capture_output=True, text=True,
@@ -330,7 +332,7 @@ def test_images_prepulls_what_a_task_list_needs(tmp_path, proxy):
     assert "2 image(s): 0 pulled, 2 already present, 0 failed" in again.stdout + again.stderr
     write_tasks(tasks, proxy, ["no-such-tag"])
     out = io.StringIO()
-    assert images.prepull(str(tasks), config, stream=out, policy=FAST) == 3
+    assert prepull(str(tasks), config, stream=out, policy=FAST) == 3
     assert "miniswe images: failed   cannot pull image" in out.getvalue()
 
 
