@@ -536,3 +536,32 @@ def test_the_time_limit_bounds_setup_and_evaluation_too(server, tmp_path):
     assert traj["evaluation"][0]["command"] == "sleep 30" and traj["evaluation"][0]["timed_out"]
     assert recorded(str(tmp_path / "run" / "slow-setup" / "slow-setup.traj.json"))["setup"][0]["timed_out"]
     assert len(server.requests) == 1 and result.exit_code == 0, "agent outcomes both"
+
+
+def test_a_task_killed_mid_run_and_resumed_counts_its_whole_wall_time(tmp_path):
+    """The ledger's and the report's wall time of a task whose trajectory went on after a kill -9 is the
+    trajectory's: both attempts, as its tokens are; not only the resumed attempt's."""
+    run = tmp_path / "run"
+    write_tasks(tmp_path / "tasks.yaml", [task("slow", 6, sleep=0.4)])
+    path = run / "slow" / "slow.traj.json"
+    with ScriptedServer(default=COUNTER) as server:
+        proc = start_batch(tmp_path, server)
+        wait_for(lambda: path.exists() and len(recorded(str(path))["steps"]) >= 4, "four steps recorded")
+        proc.kill()
+        proc.wait()
+        first = recorded(str(path))
+        assert first["exit_status"] is None and not ledger_lines(run)
+        first_wall = first["timing"]["wall_s"]  # as of the last save before the kill
+        assert first_wall >= 4 * 0.4
+
+        code, out, err = finish(start_batch(tmp_path, server))
+        assert code == 0, err
+        data = recorded(str(path))
+        record = by_id(run)["slow"]
+        assert record["exit_status"] == data["exit_status"] == "Submitted"
+        assert len(data["resumes"]) == 1
+        # the resumed attempt alone ran two or three steps (~1 s); the task as a whole took more
+        assert record["wall_s"] == data["timing"]["wall_s"] >= first_wall + 0.4
+        assert record["tokens"] == data["usage"]["total_tokens"] and record["model_s"] <= record["wall_s"]
+        report = re.search(r"`slow` ([\d.]+)s", (run / "report.md").read_text())
+        assert report and float(report[1]) == round(record["wall_s"], 1)

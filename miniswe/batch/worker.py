@@ -72,11 +72,13 @@ class WorkerServices:
     images: Any = None  # the batch's image pools here (environments/images.py BatchImages), or None: each run pulls
 
 
-def record_of(plan: Plan, trajectory: Trajectory, attempt: int, started: str, wall_s: float) -> LedgerRecord:
-    """The ledger record of a plan's finished trajectory."""
+def record_of(plan: Plan, trajectory: Trajectory, attempt: int, started: str) -> LedgerRecord:
+    """The ledger record of a plan's finished trajectory. Its wall time is the trajectory's, as its tokens are: a
+    run that went on after a kill or a stop counts the time of every attempt, not only the last one's."""
     return LedgerRecord.from_trajectory(
         trajectory, task_id=plan.id, relative_path=trajectory_name(plan.id), has_eval=bool(plan.task.evaluate),
-        model=plan.config.model.name or plan.config.model.kind, attempt=attempt, started=started, wall_s=wall_s,
+        model=plan.config.model.name or plan.config.model.kind, attempt=attempt, started=started,
+        wall_s=trajectory.wall_s or 0.0,
     )
 
 
@@ -87,8 +89,7 @@ def recovered(plan: Plan) -> LedgerRecord | None:
         trajectory = load(plan.trajectory)
     except TrajectoryError:
         return None
-    record = record_of(plan, trajectory, int(trajectory.metadata.get("attempt") or 1), trajectory.started,
-                       trajectory.wall_s or 0.0)
+    record = record_of(plan, trajectory, int(trajectory.metadata.get("attempt") or 1), trajectory.started)
     return record if trajectory.outcome and record.kept_on_resume else None
 
 
@@ -97,7 +98,7 @@ def unfinished_record(plan: Plan, attempt: int, outcome: Outcome) -> LedgerRecor
     trajectory = close_unfinished(plan.trajectory, outcome)
     if trajectory is None:
         return LedgerRecord(plan.id, str(outcome.status), outcome.detail, attempt=attempt, ended=now())
-    return record_of(plan, trajectory, attempt, trajectory.started, trajectory.wall_s or 0.0)
+    return record_of(plan, trajectory, attempt, trajectory.started)
 
 
 def run_plan(plan: Plan, attempt: int, services: WorkerServices) -> LedgerRecord:
@@ -165,7 +166,7 @@ def _run_agent(plan: Plan, attempt: int, services: WorkerServices) -> LedgerReco
     started, clock = now(), time.monotonic()
 
     def record(trajectory) -> LedgerRecord:
-        return record_of(plan, trajectory, attempt, started, time.monotonic() - clock)
+        return record_of(plan, trajectory, attempt, started)
 
     class Progress:  # the batch's view of this task's steps: budgets and the progress display
         @staticmethod
