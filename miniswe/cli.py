@@ -8,6 +8,7 @@ from typing import Annotated, NoReturn, Optional
 
 import typer
 
+from miniswe.help_cache import HelpRequest
 from miniswe.flags import BATCH_FLAGS, RUN_FLAGS, ConfigOpt, resolve_config, with_flags
 from miniswe.output import guard_streams, visible
 
@@ -674,6 +675,11 @@ def _warn_orphans(cfg) -> None:
         warn_orphans([cfg.environment.executable])
 
 
-def main() -> None:
+def main(help_request: HelpRequest | None = None) -> None:
+    """Run the command line; `help_request` (from miniswe/__main__.py) keeps the help it prints."""
     guard_streams()
-    app()
+    if help_request is None:
+        app()
+        return
+    with help_request.recording():
+        app()

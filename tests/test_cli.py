@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd, missing, pids_alive
+from conftest import ROOT, SUBMIT, act, clean_env, miniswe_cmd, missing, pids_alive, python_cmd
 from waiting import wait_for
 
 SENTINEL = "sk-sentinel-9f8e7d6c5b4a"
@@ -290,6 +290,44 @@ def test_help_imports_no_heavy_module():
     )
     result = subprocess.run([*miniswe_cmd()[:1], "-c", code], capture_output=True, text=True, env=clean_env(), cwd=ROOT)
     assert "LOADED []" in result.stdout, result.stdout[-300:]
+
+
+def _help(cache, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(miniswe_cmd(*args, "--help"), capture_output=True, text=True, cwd=ROOT,
+                          env=clean_env(XDG_CACHE_HOME=str(cache), **env))
+
+
+def test_help_is_answered_from_the_cache_without_importing_typer(tmp_path):
+    first = _help(tmp_path, "run")
+    assert first.returncode == 0 and "--resume" in first.stdout, first.stderr
+    main = os.path.join(ROOT, "miniswe", "__main__.py")  # what `python -m miniswe` has as argv[0]
+    code = (f"import sys\nsys.argv = [{main!r}, 'run', '--help']\nfrom miniswe.__main__ import main\nmain()\n"
+            "print('TYPER', 'typer' in sys.modules, file=sys.stderr)\n")
+    again = subprocess.run(python_cmd(code), capture_output=True, text=True, cwd=ROOT,
+                           env=clean_env(XDG_CACHE_HOME=str(tmp_path)))
+    assert "TYPER False" in again.stderr, again.stderr
+    assert again.stdout == first.stdout
+    assert _help(tmp_path, "run").stdout == first.stdout
+
+
+def test_help_cache_follows_the_terminal_width_and_the_code(tmp_path):
+    narrow, wide = _help(tmp_path / "a", "batch", COLUMNS="60"), _help(tmp_path / "a", "batch", COLUMNS="100")
+    assert narrow.stdout != wide.stdout
+    assert _help(tmp_path / "a", "batch", COLUMNS="60").stdout == narrow.stdout == _help(tmp_path / "b", "batch", COLUMNS="60").stdout
+    # a cached text made under another key (other code, another width) is never printed, and is replaced
+    [path] = (tmp_path / "a" / "miniswe" / "help").iterdir()  # one file per command asked: the newest key wins
+    key = path.read_text().split("\n", 1)[0]
+    path.write_text("('another version of the code', " + key[1:] + "\nSTALE HELP\n")
+    again = _help(tmp_path / "a", "batch", COLUMNS="60")
+    assert "STALE" not in again.stdout and again.stdout == narrow.stdout
+    assert "STALE" not in path.read_text()
+
+
+def test_cached_help_into_a_closed_pipe_is_quiet(tmp_path):
+    _help(tmp_path)
+    result = subprocess.run(f"{shlex.join(miniswe_cmd('--help'))} | head -1", shell=True, capture_output=True, text=True,
+                            cwd=ROOT, env=clean_env(XDG_CACHE_HOME=str(tmp_path)))
+    assert result.returncode == 0 and result.stdout.startswith("Usage:") and not result.stderr
 
 
 def _batch_in_process(args: list[str], prelude: str = "") -> str:
