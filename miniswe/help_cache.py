@@ -4,7 +4,7 @@ Importing typer and building the commands takes longer than a whole bare agent s
 once is kept, keyed by everything its text depends on: the words asked, the program name, the terminal's size
 and the variables that change how it is formatted, and the code itself (the size and modification time of every
 file of the package and of typer). Any change to one of them is a miss: typer prints the help, and the cache
-keeps what it printed. Stdlib only, and nothing here may import the rest of miniswe.
+keeps what it printed. Stdlib only: nothing here may import typer or what the commands need.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from miniswe.resources import cache_dir, writable_dir, write_quietly
+
 # What typer's (click's) help formatting reads besides argv: the width, and the locale for its encoding.
 _ENV = ("COLUMNS", "LINES", "TERM", "TERMINAL_WIDTH", "NO_COLOR", "FORCE_COLOR", "PYTHONIOENCODING", "LANG",
         "LC_ALL", "LC_CTYPE", "_TYPER_FORCE_DISABLE_TERMINAL", "_TYPER_STANDARD_TRACEBACK")
@@ -24,7 +26,7 @@ class HelpRequest:
     """One `[COMMAND...] --help` invocation: `serve` prints it from the cache, `recording` fills the cache."""
 
     def __init__(self, argv: list[str]):
-        self.path = os.path.join(_cache_dir(), f"{zlib.crc32(repr(argv[1:]).encode()):08x}.txt")
+        self.path = os.path.join(cache_dir("help"), f"{zlib.crc32(repr(argv[1:]).encode()):08x}.txt")
         self.key = repr((argv, _terminal(), [(name, os.environ.get(name)) for name in _ENV], _code()))
 
     @classmethod
@@ -70,17 +72,8 @@ class HelpRequest:
             sys.stdout, sys.stderr = out.stream, err.stream
 
     def _save(self, text: str) -> None:
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as handle:
-                handle.write(self.key + "\n" + text)
-            os.replace(tmp, self.path)
-        except OSError:  # a read-only home: help is just not cached
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        if writable_dir(os.path.dirname(self.path)):
+            write_quietly(self.path, self.key + "\n" + text)
 
 
 class _Tap:
@@ -97,11 +90,6 @@ class _Tap:
 
     def __getattr__(self, name):
         return getattr(self.stream, name)
-
-
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "miniswe", "help")
 
 
 def _terminal() -> tuple[int, int] | None:

@@ -20,3 +20,32 @@ def config_dir() -> str:
 
 def templates_dir() -> str:
     return _find("templates")
+
+
+def cache_dir(name: str) -> str:
+    """Where miniswe keeps what it can always make again (help texts, compiled templates): $XDG_CACHE_HOME/miniswe."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "miniswe", name)
+
+
+def writable_dir(path: str) -> str:
+    """`path`, made if missing; "" when it cannot be (a read-only home): a cache is then just not kept."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return ""
+    return path if os.access(path, os.W_OK) else ""
+
+
+def write_quietly(path: str, text: str) -> None:
+    """Write a cache file whole (a temporary file renamed over it), or not at all."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from miniswe.errors import ConfigError
-from miniswe.resources import templates_dir
+from miniswe.resources import cache_dir, templates_dir, write_quietly, writable_dir
 
 PROMPT_VARIABLES = ("action_tag", "submit_marker", "command_timeout", "output_limit", "cwd", "system", "release", "machine",
                     "shell", "protocol", "tools", "skills", "subagents", "depth")
@@ -59,22 +59,25 @@ def number(value: float) -> int | float:
 class Renderer:
     def __init__(self, user_dir: str = ""):
         import jinja2
-        import jinja2.meta
 
         search = [user_dir, templates_dir()] if user_dir else [templates_dir()]
         if user_dir and not os.path.isdir(user_dir):
             raise ConfigError(f"agent.templates_dir: {user_dir} is not a directory")
+        self._cache = writable_dir(cache_dir("templates"))
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(search),
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=False,
             autoescape=False,
+            # compiling the templates costs a run's start more than everything else of its own: keep the code,
+            # checked against each template's text (jinja2 recompiles a template whose text changed)
+            bytecode_cache=jinja2.FileSystemBytecodeCache(self._cache) if self._cache else None,
         )
         self._templates = {}
         for name, allowed in VARIABLES.items():
             try:
                 source, filename, _ = self._env.loader.get_source(self._env, name)
-                used = jinja2.meta.find_undeclared_variables(self._env.parse(source))
+                used = self._variables(source)
                 self._templates[name] = self._env.get_template(name)
             except jinja2.TemplateNotFound:
                 raise ConfigError(f"template {name} not found in {' or '.join(search)}") from None
@@ -87,6 +90,23 @@ class Renderer:
                 raise ConfigError(
                     f"{filename}: unknown template variable {unknown[0]!r} (available: {', '.join(sorted(allowed))})"
                 )
+
+    def _variables(self, source: str) -> set[str]:
+        """The variables a template's text uses, kept in the cache by the text's hash (finding them parses it)."""
+        import hashlib
+
+        import jinja2.meta
+
+        path = os.path.join(self._cache, hashlib.sha256(source.encode()).hexdigest() + ".vars") if self._cache else ""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return set(handle.read().split())
+        except (OSError, UnicodeDecodeError):
+            pass
+        used = jinja2.meta.find_undeclared_variables(self._env.parse(source))
+        if path:
+            write_quietly(path, "\n".join(sorted(used)))
+        return used
 
     def render(self, name: str, **variables: Any) -> str:
         import jinja2

@@ -401,6 +401,22 @@ def test_a_user_template_overrides_the_shipped_one(cli, server, tmp_path):
     assert server.requests[1]["body"]["messages"][-1]["content"] == "RC=0 OUT=hi"
 
 
+def test_an_edited_template_is_used_not_its_compiled_copy(cli, server, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}  # compiled templates are kept here between runs
+    template = tmp_path / "tpl" / "observation.j2"
+    template.parent.mkdir()
+    args = ("run", "x", *endpoint(server), "-o", "t.json", "-c", f"agent.templates_dir={template.parent}")
+    for text, shown in (("RC={{ returncode }}", "RC=0"), ("OUT={{ output }}", "OUT=hi")):
+        template.write_text(text)
+        server.push(act("echo hi"), SUBMIT)
+        assert cli(*args, env=env).returncode == 0
+        assert server.requests[-1]["body"]["messages"][-1]["content"] == shown
+    template.write_text("{{ output }} {{ exit_code }}")
+    result = cli(*args, env=env)
+    assert result.returncode == 2 and "unknown template variable 'exit_code'" in result.stderr
+    assert any((tmp_path / "cache" / "miniswe" / "templates").iterdir())
+
+
 def test_zero_timeouts_mean_no_timeout(cli, server, tmp_path):
     server.push(act("sleep 0.2; echo done"), SUBMIT)
     result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "environment.timeout=0", "-c", "model.timeout=0")

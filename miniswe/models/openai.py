@@ -62,24 +62,33 @@ class OpenAIModel(ChatModel):
             raise ConfigError("no model name: pass -m MODEL (or set model.name / MINISWE_MODEL)")
         if not config.base_url.startswith(("http://", "https://")):
             raise ConfigError(f"model.base_url: {config.base_url!r} is not an http(s) URL; pass e.g. --base-url http://127.0.0.1:8000/v1")
-        import requests
-
         self.config = config
         self.url = self.where = config.base_url.rstrip("/") + "/chat/completions"
         self.gate = gate or CallGate()
         self.stop = stop or Stop()
         self.on_retry = on_retry or (lambda message: None)
         self.on_delta = on_delta or (lambda kind, text: None)  # kind: "reasoning" or "content"
-        self.session = _session(self._track)
-        self.session.headers["User-Agent"] = f"miniswe/{__version__}"
-        # Read proxy settings once: with trust_env, requests re-reads the environment and ~/.netrc on every call.
-        self.proxies = requests.utils.get_environ_proxies(self.url)
-        self.session.trust_env = False
-        # ...and so the CA bundle that trust_env would have found, for endpoints behind a corporate CA
-        self.session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+        # made at the first call, not here: importing requests then overlaps the environment's start
+        self._session: Any = None
+        self._proxies: dict[str, str] = {}
         self._connection: Any = None  # the connection of the request in flight, so it can be cut off
         self._cut_reason: str | None = None
         self._watchdog = Watchdog(self._cut)
+
+    def _requests(self) -> Any:
+        """The requests Session every call of this model goes through."""
+        if self._session is None:
+            import requests
+
+            session = _session(self._track)
+            session.headers["User-Agent"] = f"miniswe/{__version__}"
+            # Read proxy settings once: with trust_env, requests re-reads the environment and ~/.netrc on every call.
+            self._proxies = requests.utils.get_environ_proxies(self.url)
+            session.trust_env = False
+            # ...and so the CA bundle that trust_env would have found, for endpoints behind a corporate CA
+            session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+            self._session = session
+        return self._session
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
@@ -118,7 +127,7 @@ class OpenAIModel(ChatModel):
             with self.stop.cancelling(self._cancel):
                 if deadline is not None:
                     self._watchdog.arm(deadline)
-                response = self.session.post(self.url, json=body, headers=headers, proxies=self.proxies, timeout=timeouts,
+                response = self._requests().post(self.url, json=body, headers=headers, proxies=self._proxies, timeout=timeouts,
                                              stream=stream)
                 if stream:
                     try:
