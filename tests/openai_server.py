@@ -9,6 +9,7 @@ import argparse
 import collections
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -43,6 +44,12 @@ a token, as in the usage reported) is refused with HTTP 400 the way --overflow-s
 or plain: no numbers; empty_stream: a streamed request gets a 200 event stream closed without an event, as
 llama-cpp-python answers, a plain one llamacpp's 400), and no scripted item is used up. stream_usage=False:
 streams never carry usage (servers that ignore stream_options).
+Slots (ScriptedServer(slots=N), --slots N) make it a local server such as llama.cpp (`--parallel N`): at most N
+requests are generated at a time (an item's latency, stall, trickle or stream is its generation), the others wait
+their turn in arrival order, and a request whose client gave up (a timeout) still takes its slot for its whole
+generation when its turn comes, as llama.cpp goes on generating an answer nobody will read. Each request's
+record then has "started" and "finished" (its generation) and "abandoned" (its client was gone when the answer
+was ready). Without slots (the default) every request is answered at once in its own thread.
 Rules (ScriptedServer(rules=[(text, item)])) answer a request whose last message contains `text` with `item`,
 whatever the script's position, also without using up an item: a reply to a request that comes at a point
 the test cannot foresee (a compaction's summary request).
@@ -177,7 +184,10 @@ class _Handler(BaseHTTPRequestHandler):
         scripted._record(entry)
         path = urlsplit(self.path).path.rstrip("/")
         if self.command == "POST" and path in CHAT_PATHS:
-            self._chat(scripted, body)
+            if scripted.slots:
+                self._generate(scripted, body, entry)
+            else:
+                self._chat(scripted, body)
             entry["answered"] = time.time()
         elif self.command == "GET" and path in MODELS_PATHS:
             scripted._sleep(scripted.latency)
@@ -185,9 +195,32 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, _error(404, f"no route for {self.command} {path}"))
 
+    def _generate(self, scripted, request, entry):
+        """A chat request on a server with slots: it waits for one, then keeps it for its whole generation, whether
+        or not anyone is still there to read the answer."""
+        if not scripted._slots.acquire(scripted._stopping):
+            self.close_connection = True  # the server stops: queued requests are dropped
+            return
+        entry["started"] = time.time()
+        try:
+            self._gone = lambda gone=None: entry.__setitem__("abandoned", _hung_up(self.connection) if gone is None else gone)
+            self._chat(scripted, request)
+        finally:
+            self._gone = None
+            entry["finished"] = time.time()
+            scripted._slots.release()
+
+    def _generated(self, gone=None):
+        """The answer is ready, before it is written (or `gone`: writing it failed): on a server with slots, the
+        request's record says whether its client had hung up."""
+        note = getattr(self, "_gone", None)
+        if note is not None:
+            note(gone)
+
     def _chat(self, scripted, request):
         if scripted.context_window and prompt_tokens(request) > scripted.context_window:
             scripted._sleep(scripted.latency)
+            self._generated()
             with scripted._lock:
                 scripted.overflows += 1
             if scripted.overflow_style == "empty_stream" and request.get("stream"):
@@ -208,6 +241,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._stream(scripted, item, request, seq)
             return
         scripted._sleep(scripted.latency + spec.get("latency", 0) + spec.get("stall", 0))
+        self._generated()
         if spec.get("close"):
             self.close_connection = True  # drop the socket without writing a response
             return
@@ -263,27 +297,40 @@ class _Handler(BaseHTTPRequestHandler):
         if spec.get("stream_usage", scripted.stream_usage and bool(options.get("include_usage"))):
             events.append({**base, "choices": [], "usage": whole["usage"]})
         lines = [f"data: {json.dumps(event)}\n\n".encode() for event in events] + [b"data: [DONE]\n\n"]
+        self._generated()  # its first token: the rest is generated as it is sent
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        try:
-            for index, line in enumerate(lines):
+        gone = False  # the client hung up: with slots, the generation goes on all the same, unread
+        for index, line in enumerate(lines):
+            try:
                 if index and index == spec.get("stream_cut_after"):
                     self.wfile.flush()
                     self.close_connection = True
                     return
                 if index and index == spec.get("stall_after"):
-                    self.wfile.flush()
+                    if not gone:
+                        self.wfile.flush()
                     scripted._sleep(spec.get("stall", 3600))
                     if scripted._stopping.is_set():
                         self.close_connection = True
                         return
                 if index and spec.get("event_delay"):
                     scripted._sleep(spec["event_delay"])
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                self.wfile.flush()
+                if not gone:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+            except OSError:
+                self.close_connection = True
+                if not scripted.slots:
+                    return
+                gone = True
+        if gone:
+            self._generated(gone=True)
+            return
+        try:
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:
@@ -296,13 +343,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.flush()
-        try:
-            for byte in data:
+        for sent, byte in enumerate(data):
+            try:
                 self.wfile.write(bytes([byte]))
                 self.wfile.flush()
                 time.sleep(interval)
-        except OSError:
-            pass
+            except OSError:
+                if self.server.scripted.slots:  # the rest of the generation goes on, unread
+                    self.server.scripted._sleep(interval * (len(data) - sent - 1))
+                return
 
     def _cut(self, status, data, at):
         """Announce the whole body, send its first `at` bytes, and hang up."""
@@ -323,6 +372,45 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+
+def _hung_up(sock):
+    """Whether the client at the other end of `sock` has closed it (without sending anything more)."""
+    try:
+        if not select.select([sock], [], [], 0)[0]:
+            return False  # nothing to read: still connected, waiting for its answer
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+class _Slots:
+    """At most `count` requests generating at a time; the others wait their turn in arrival order."""
+
+    def __init__(self, count):
+        self.count = count
+        self.busy = 0
+        self.issued = 0  # tickets handed out, in arrival order
+        self.admitted = 0  # tickets that have had their turn
+        self.changed = threading.Condition()
+
+    def acquire(self, stopping):
+        with self.changed:
+            ticket = self.issued
+            self.issued += 1
+            while ticket != self.admitted or self.busy >= self.count:
+                if stopping.is_set():
+                    return False
+                self.changed.wait(0.05)
+            self.admitted += 1
+            self.busy += 1
+            self.changed.notify_all()
+            return True
+
+    def release(self):
+        with self.changed:
+            self.busy -= 1
+            self.changed.notify_all()
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -354,8 +442,10 @@ class ScriptedServer:
     """Serves queued reply items in FIFO order; item formats are listed in ITEM_HELP."""
 
     def __init__(self, replies=None, latency=0.0, default=None, host="127.0.0.1", port=0, requests_log=None,
-                 context_window=0, overflow_style="openai", rules=(), stream_usage=True):
+                 context_window=0, overflow_style="openai", rules=(), stream_usage=True, slots=0):
         self.latency = latency
+        self.slots = slots  # N: at most N requests generated at a time, as a local server (see ITEM_HELP); 0: no limit
+        self._slots = _Slots(slots)
         self.stream_usage = stream_usage  # False: streams never carry usage, whatever the request asks
         self.rules = list(rules)
         self.context_window = context_window
@@ -468,6 +558,7 @@ def main(argv=None):
     parser.add_argument("--requests-log", help="append each received request as a JSON line")
     parser.add_argument("--context-window", type=int, default=0, help="refuse prompts over this many tokens")
     parser.add_argument("--overflow-style", choices=("openai", "llamacpp", "plain", "empty_stream"), default="openai")
+    parser.add_argument("--slots", type=int, default=0, help="generate at most this many requests at a time (0: no limit)")
     args = parser.parse_args(argv)
 
     script = load_replies(args.script) if args.script else []
@@ -476,7 +567,7 @@ def main(argv=None):
         default = script.get("default", default)
         script = script.get("replies", [])
     server = ScriptedServer(script, latency=args.latency, default=default, port=args.port, requests_log=args.requests_log,
-                            context_window=args.context_window, overflow_style=args.overflow_style)
+                            context_window=args.context_window, overflow_style=args.overflow_style, slots=args.slots)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     server.start()
     try:
