@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import secrets
+import stat
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -15,11 +16,18 @@ except (OSError, AttributeError):  # not Linux, or a C library without renameat2
     _renameat2 = None
 
 
-def check_replaceable(path: str) -> None:
+def check_replaceable(path: str) -> bool:
     """Only a regular file is ever replaced: renaming over a FIFO, a socket or a device node (`-o /dev/full`
-    as root) would take its name away."""
-    if os.path.lexists(path) and not os.path.isfile(path):
+    as root) would take its name away. Whether there is one (one stat: this runs before every save)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        if not os.path.lexists(path):
+            return False
+        mode = 0  # a link to nothing
+    if not stat.S_ISREG(mode):
         raise OSError(errno.EEXIST, f"{path} exists and is not a regular file; miniswe will not replace it")
+    return True
 
 
 def write_atomic(path: str, data: str | bytes, *, fsync: bool = False) -> None:
@@ -49,8 +57,7 @@ class SwapFile:
         self._exchange = _renameat2 is not None
 
     def write(self, data: str | bytes) -> None:
-        check_replaceable(self.path)
-        if not (self._exchange and os.path.exists(self.path)):
+        if not (check_replaceable(self.path) and self._exchange):
             write_atomic(self.path, data)  # the first version: nothing to exchange with yet
             return
         tmp = _temporary_copy(self.path, data)

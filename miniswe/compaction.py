@@ -71,7 +71,8 @@ class Compactor:
         self.notify = notify
         self.keep_turns = max(1, agent_config.keep_turns)
         self.window = agent_config.context_window
-        self.rate = 0.0  # tokens per character sent; calibrated by each answer's prompt tokens
+        self._rate = 0.0  # tokens per character sent; calibrated by each answer's prompt tokens
+        self._calibration: tuple[int, Sequence[dict[str, Any]]] | None = None  # the last answer's, not counted yet
         self.longest_reply = 0  # completion tokens of the longest reply yet: room the next one may need
         self.measured = False  # whether the rate comes from an answer's figures, not from a guess
         self.checkpoint = NOTHING
@@ -83,6 +84,21 @@ class Compactor:
                                          summary, int(entry.get("clip") or 0))
             if entry.get("window"):
                 self.window = min(self.window or entry["window"], entry["window"])
+
+    @property
+    def rate(self) -> float:
+        # counted when asked for: without a window, nothing asks, and a long run does not weigh its whole
+        # conversation after every reply
+        if self._calibration is not None:
+            tokens, projected = self._calibration
+            self._calibration = None
+            self._rate = tokens / max(1, _chars(projected))
+        return self._rate
+
+    @rate.setter
+    def rate(self, value: float) -> None:
+        self._calibration = None
+        self._rate = value
 
     # -- what the agent calls ------------------------------------------------------------------------------
     def prepare(self, messages: Sequence[dict[str, Any]], deadline: float | None) -> list[dict[str, Any]]:
@@ -114,7 +130,7 @@ class Compactor:
     def answered(self, projected: list[dict[str, Any]], reply: Reply) -> None:
         """A reply to `projected` came: its prompt tokens tell the tokenizer's rate, its length the reply room."""
         if reply.usage.prompt_tokens > 0:
-            self.rate = reply.usage.prompt_tokens / max(1, _chars(projected))
+            self._calibration = (reply.usage.prompt_tokens, projected)
             self.measured = True
         self.longest_reply = max(self.longest_reply, reply.usage.completion_tokens)
 

@@ -11,6 +11,7 @@ Secrets are never values here: `model.api_key_env` names a variable.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import typing
@@ -311,6 +312,7 @@ def _read_source(source: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
+        _json_only(data, f"-c {source}")
         return f"-c {source}", data
     try:
         with open(source, encoding="utf-8") as handle:
@@ -331,9 +333,26 @@ def _read_source(source: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return source, {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a config file must be a mapping of sections (agent:, model:, ...)")
+    _json_only(data, source)
     from miniswe.mini_config import from_mini_config  # a mini-swe-agent config file becomes miniswe's sections
 
     return source, from_mini_config(data, source)
+
+
+def _json_only(data: Any, source: str, key: str = "") -> None:
+    """What YAML reads but JSON cannot hold (a date, a set, binary, NaN) would break the request body and the
+    trajectory much later: refused here, naming the key."""
+    if isinstance(data, dict):
+        for name, value in data.items():
+            _json_only(value, source, f"{key}.{name}" if key else str(name))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            _json_only(value, source, f"{key}[{index}]")
+    elif isinstance(data, float) and not math.isfinite(data):
+        raise ConfigError(f"{source}: {key}: expected a finite number, not {data} (JSON has no form for it)")
+    elif data is not None and not isinstance(data, (str, int, float, bool)):
+        raise ConfigError(f"{source}: {key}: YAML read {data!r} as a {type(data).__name__}; quote it to give text "
+                          "(a config holds text, numbers, true/false, lists and mappings)")
 
 
 def _merge(into: dict, data: dict, name: str, origin: dict[str, str], prefix: str) -> None:

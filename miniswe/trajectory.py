@@ -367,12 +367,14 @@ class Trajectory:
             self.wall_s = round(self.wall_s_so_far(), 3)
         document = self._document()
         try:
-            directory = os.path.dirname(os.path.abspath(self.path))
-            if not os.path.isdir(directory):
-                os.makedirs(directory, exist_ok=True)
             if self._lock is None and claim:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 self._lock = claim_file(self.path)
-            self._file.write(document)
+            try:
+                self._file.write(document)
+            except FileNotFoundError:  # its folder was removed under the run: made again, not checked every save
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                self._file.write(document)
         except OSError as error:
             raise RecordError(f"cannot save the trajectory {self.path}: {error.strerror or error}; "
                               "free some space or make its folder writable") from None

@@ -109,6 +109,21 @@ def default_yaml() -> tuple[dict, dict[tuple[str, str], dict]]:
     return yaml.safe_load(text), blocks
 
 
+@pytest.mark.parametrize("value, message", [
+    ("{when: 2024-01-01}", r"model.params.when: YAML read datetime.date\(2024, 1, 1\) as a date; quote it"),
+    ("{x: [1, .inf]}", r"model.params.x\[1\]: expected a finite number, not inf"),
+    ("{x: !!binary aGk=}", r"model.params.x: YAML read b'hi' as a bytes"),
+])
+def test_what_json_cannot_hold_is_refused_naming_the_key(tmp_path, value, message):
+    """A date or NaN would otherwise break the request body and the trajectory's save in the middle of a run."""
+    with pytest.raises(ConfigError, match=r"-c model.params=.*: " + message):
+        load_config(f"model.params={value}")
+    (tmp_path / "dated.yaml").write_text(f"model:\n  params: {value}\n")
+    with pytest.raises(ConfigError, match=r"dated.yaml: " + message):
+        load_config(str(tmp_path / "dated.yaml"))
+    assert load_config("model.params={when: '2024-01-01'}").model.params == {"when": "2024-01-01"}
+
+
 def test_default_yaml_is_the_settings_models_with_a_comment_per_key():
     from miniswe.config import PLUGGABLE, Config, settings_class
     from miniswe.plugins import KINDS

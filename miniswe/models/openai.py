@@ -87,8 +87,26 @@ class OpenAIModel(ChatModel):
             session.trust_env = False
             # ...and so the CA bundle that trust_env would have found, for endpoints behind a corporate CA
             session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+            # What Session.request would prepare anew for every call (URL checks, merged headers, hooks): once
+            self._template = session.prepare_request(
+                requests.Request("POST", self.url, headers={"Content-Type": "application/json"}))
             self._session = session
         return self._session
+
+    def _post(self, body: dict[str, Any], headers: dict[str, str], **send: Any) -> Any:
+        """POST `body` as JSON: the prepared template with this call's headers, body and the session's cookies."""
+        try:
+            data = json.dumps(body, allow_nan=False).encode()
+        except (TypeError, ValueError) as error:
+            raise ModelError(f"cannot send the request as JSON ({error}); check model.params and model.temperature "
+                             "for values JSON has no form for (NaN, infinity, dates)") from None
+        session = self._requests()
+        request = self._template.copy()
+        request.headers.update(headers)
+        request.prepare_body(data, None)
+        if session.cookies:  # a gateway's (a sticky load balancer's) cookies go back as requests would send them
+            request.prepare_cookies(session.cookies)
+        return session.send(request, verify=session.verify, proxies=self._proxies, **send)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
@@ -127,8 +145,7 @@ class OpenAIModel(ChatModel):
             with self.stop.cancelling(self._cancel):
                 if deadline is not None:
                     self._watchdog.arm(deadline)
-                response = self._requests().post(self.url, json=body, headers=headers, proxies=self._proxies, timeout=timeouts,
-                                             stream=stream)
+                response = self._post(body, headers, timeout=timeouts, stream=stream)
                 if stream:
                     try:
                         if response.status_code == 200 and "text/event-stream" in response.headers.get("Content-Type", ""):
