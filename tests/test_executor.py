@@ -133,6 +133,36 @@ def test_odd_command_text_and_syntax_errors_read_like_bash_c(executor):
     assert run.execute("echo before\x00after", timeout=10).output == "before\n"  # as argv would carry it
 
 
+# The model reads what its commands' mistakes print: what plain `bash -c COMMAND` prints, word for word.
+RUNTIME_ERRORS = ["no_such_command_xyz", "echo a\nno_such_command_xyz\necho b", "cd /no/such/dir", "set -u; echo $unset_var",
+                  "exit nope", "f() { no_such_command_xyz; }; f"]
+# Only the parser's own errors name the builtin that reads the command (`bash: eval: line 1:` for `bash: -c: line 1:`).
+# bash gives the plain name to a command string from argv (-c), a script file or stdin alone, and each of those
+# would break a property the prologue keeps: the text in no argv or file, an empty stdin for the command.
+EVAL_NAMED = "syntax errors name eval: bash names the -c string so only when it comes from an argv"
+
+
+@pytest.mark.parametrize("command", RUNTIME_ERRORS)
+def test_errors_a_command_makes_as_it_runs_read_as_under_plain_bash_c(executor, tmp_path, command):
+    plain = subprocess.run(["bash", "-c", command], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    result = executor().execute(command, timeout=10)
+    assert (result.output, result.returncode) == (plain.stdout, plain.returncode)
+    assert "eval" not in result.output
+
+
+def test_a_syntax_error_reads_as_under_plain_bash_c(executor, tmp_path):
+    command = "echo a\nif then"
+    plain = subprocess.run(["bash", "-c", command], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    result = executor().execute(command, timeout=10)
+    assert result.returncode == plain.returncode == 2 and result.output.startswith("a\n")
+    if result.output != plain.stdout:  # the one difference left: the parser's name (EVAL_NAMED)
+        assert result.output == plain.stdout.replace("bash: -c: ", "bash: eval: ")
+        pytest.xfail(EVAL_NAMED)
+    assert "eval" not in result.output
+
+
 def test_timeout_kills_everything_the_command_started(executor):
     run = executor()
     marker = f"{os.getpid()}{time.monotonic_ns() % 1000}"
