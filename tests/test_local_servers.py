@@ -60,11 +60,12 @@ def test_a_single_slot_server_goes_on_generating_an_answer_nobody_reads():
         assert time.monotonic() - started < 1.0 and "abandoned" not in server.requests[0]
 
 
-def test_after_a_runaway_generation_the_run_goes_on_once_the_server_is_free(cli, tmp_path):
+@pytest.mark.parametrize("max_backoff", [10, 0.05])  # the backoff's cap does not shorten the wait after a timeout
+def test_after_a_runaway_generation_the_run_goes_on_once_the_server_is_free(cli, tmp_path, max_backoff):
     # one answer takes 3.5 model timeouts to generate; the others take less than one
     runaway = {"latency": 3.5 * TIMEOUT, "content": SUBMIT}
     with ScriptedServer([runaway], default={"latency": 0.3 * TIMEOUT, "content": SUBMIT}, slots=1) as server:
-        result = run(cli, server, "model.retries=5", "model.max_backoff=10")
+        result = run(cli, server, "model.retries=5", f"model.max_backoff={max_backoff}")
         records = drained(server)
     assert result.returncode == 0, result.stderr
     data = json.loads((tmp_path / "t.json").read_text())

@@ -127,6 +127,7 @@ class OpenAIModel(ChatModel):
         if self.config.stream:  # usage comes in a last chunk only when asked for (OpenAI, vLLM)
             body.update(stream=True, stream_options={"include_usage": True})
         body.update(self.config.params)
+        self._requests()  # made (requests imported) before the call's own time starts
         return self._ask(body, deadline)
 
     def _fetch(self, body: dict[str, Any], deadline: float | None, own_deadline: bool) -> tuple[dict[str, Any], None]:

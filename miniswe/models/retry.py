@@ -66,7 +66,9 @@ def call_with_retries(
                 failure = error
         if retries >= settings.retries:
             raise ModelError(scrub(f"{failure} (gave up after {retries + 1} attempts)"))
-        delay = min(max(next(delays) * random.uniform(1.0, 1.25), failure.busy_for), settings.max_backoff)
+        # the backoff, jitter included, stays under max_backoff; a call given up on is waited out in full, whatever
+        # the cap: a local server still generating its answer would only queue the retry behind it
+        delay = max(min(next(delays) * random.uniform(1.0, 1.25), settings.max_backoff), failure.busy_for)
         if failure.retry_after is not None:
             gate.pause(failure.retry_after)
             delay = max(delay, failure.retry_after)
