@@ -29,6 +29,7 @@ Script: a JSON (or .yaml/.yml) list of items, served one per chat completion req
   {"tool_calls": [{"name", "arguments", "id"}]}  native tool calls (arguments: an object, or raw text sent as
                                   is); ids default to call_<request>_<n>, finish_reason to "tool_calls"
   {"status": 429, "retry_after": 2}   error with Retry-After; {"status": N, "body": {...}} custom body
+  {"headers": {"Set-Cookie": "..."}}   more response headers (not for streamed replies)
   {"broken_json": true}  truncated 200 body    {"close": true}  drop the connection
   {"stall": S} / {"latency": S}  sleep S seconds before answering
   {"trickle": S}  send the body one byte every S seconds   {"cut_at": N}  send N bytes of the body, hang up
@@ -246,7 +247,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True  # drop the socket without writing a response
             return
         status = spec.get("status", 200)
-        headers = {}
+        headers = dict(spec.get("headers") or {})
         if "retry_after" in spec:
             headers["Retry-After"] = str(spec["retry_after"])
         if "body" in spec:

@@ -74,6 +74,22 @@ def test_api_key_is_sent_but_never_recorded_or_printed(cli, server, tmp_path):
     assert traj(tmp_path)["exit_status"] == "ModelError"
 
 
+def test_a_gateways_cookie_goes_back_with_every_later_call(cli, server):
+    # a sticky load balancer pins a conversation to one backend with a cookie, as a requests Session keeps it
+    server.push({"content": act("true"), "headers": {"Set-Cookie": "backend=b7; Path=/"}}, act("true"), SUBMIT)
+    assert cli("run", "x", *endpoint(server), "-o", "t.json").returncode == 0
+    assert "cookie" not in server.requests[0]["headers"]
+    assert [r["headers"]["cookie"] for r in server.requests[1:]] == ["backend=b7", "backend=b7"]
+    assert all(r["headers"]["content-type"] == "application/json" for r in server.requests)
+
+
+def test_a_model_param_json_cannot_hold_is_one_line_before_any_call(cli, server):
+    result = cli("run", "x", *endpoint(server), "-o", "t.json", "-c", "model.params={seed: .nan}")
+    assert result.returncode == 2 and server.requests == []
+    assert result.stderr.strip() == ("miniswe: -c model.params={seed: .nan}: model.params.seed: expected a finite "
+                                     "number, not nan (JSON has no form for it)")
+
+
 def test_no_authorization_header_without_a_key(cli, server):
     server.push(SUBMIT)
     cli("run", "x", *endpoint(server), "-o", "t.json")
