@@ -207,12 +207,12 @@ def default_config_path() -> str:
     return os.path.join(config_dir(), "default.yaml")
 
 
-def load_config(*sources: str | dict[str, Any]) -> Config:
-    """The defaults, then each source in order: a YAML path, `key.path=value`, or a dict."""
+def load_config(*sources: Source) -> Config:
+    """The defaults, then each source in order (see `read_source`)."""
     merged: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for source in sources:
-        name, data = _read_source(source)
+        name, data = read_source(source)
         _merge(merged, data, name, origin, prefix="")
     return _build_config(merged, origin)
 
@@ -295,7 +295,15 @@ def _implied_kind(section: str, values: dict[str, Any]) -> str:
     return fitting[0] if len(fitting) == 1 else default
 
 
-def _read_source(source: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
+Source = str | dict[str, Any] | tuple[str, dict[str, Any]]
+
+
+def read_source(source: Source) -> tuple[str, dict[str, Any]]:
+    """One source of settings as (its name in error messages, its sections): a YAML file (miniswe's or
+    mini-swe-agent's), `section.key=value`, a dict (the command line's flags), or (name, dict): a recorded
+    config, named for where it was read."""
+    if isinstance(source, tuple):
+        return source
     if isinstance(source, dict):  # flags: no YAML to read, and no yaml import for a run given only flags
         return "command line", source
     import yaml

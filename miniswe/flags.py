@@ -114,23 +114,14 @@ def resolve_config(sources: list[str], flags: dict[str, Any], base: dict[str, An
     given = flag_overrides(flags)
     if base:
         base = replaced_kinds(base, sources, given)
+    record = recorded_in or "the recorded config"
     try:
-        config = load_config(*([base] if base else []), *sources, given)
+        config = load_config(*([(record, base)] if base else []), *sources, given)
     except ConfigError as error:
-        if not base:
-            raise
-        from miniswe.config import config_from_record
-
-        try:
-            config_from_record(base)
-        except ConfigError as own:
-            # the record alone is refused for the same setting: blame it, not the command line (load_config
-            # names every mapping source "command line")
-            if str(own).partition(": ")[2] == str(error).partition(": ")[2]:
-                where = f"{recorded_in}: " if recorded_in else ""
-                raise TrajectoryError(f"{where}{own} (the file is damaged, or was written by another miniswe "
-                                      "version: -c KEY=VALUE replaces a recorded setting)") from None
-        raise error from None
+        if base and str(error).startswith(f"{record}: "):  # a setting the record holds: blame the record
+            raise TrajectoryError(f"{error} (the file is damaged, or was written by another miniswe version: "
+                                  "-c KEY=VALUE replaces a recorded setting)") from None
+        raise
     from_env = {}
     for key, variable in (("base_url", "OPENAI_BASE_URL"), ("name", "MINISWE_MODEL")):
         if hasattr(config.model, key) and not getattr(config.model, key) and os.environ.get(variable):
@@ -147,11 +138,11 @@ PLUGGABLE = ("agent", "environment", "model")
 
 def replaced_kinds(base: dict[str, Any], sources: list[str], given: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """`base` without the sections whose kind the command line changes (see `resolve_config`)."""
-    from miniswe.config import PLUGGABLE as BASES, _read_source
+    from miniswe.config import PLUGGABLE as BASES, read_source
 
     kinds: dict[str, Any] = {}
     for source in [*sources, given]:  # later sources win, as when they are merged
-        _, data = _read_source(source)
+        _, data = read_source(source)
         for section in PLUGGABLE:
             values = data.get(section)
             if isinstance(values, dict) and values.get("kind"):

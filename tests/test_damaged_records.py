@@ -123,6 +123,24 @@ def test_a_damaged_field_is_one_line_naming_the_file_and_the_field(cli, recorded
         "miniswe trajectory\n")
 
 
+def test_a_recorded_setting_this_miniswe_refuses_is_blamed_on_the_file_and_can_be_replaced(cli, recorded, tmp_path):
+    data = json.loads(recorded.read_text())
+    data["config"]["agent"]["step_limit"] = "many"
+    recorded.write_text(json.dumps(data))
+    script = tmp_path / "more.json"
+    script.write_text(json.dumps([SUBMIT] * 5))
+    result = cli("run", "--resume", str(recorded), "--script", str(script), "-q")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"miniswe: {recorded}: agent.step_limit: ")
+    assert "-c KEY=VALUE replaces a recorded setting" in result.stderr
+    # a bad value given now is the command line's, not the file's
+    mine = cli("run", "--resume", str(recorded), "--script", str(script), "-q", "-c", "agent.step_limit=lots")
+    assert mine.returncode == 2 and mine.stderr.startswith("miniswe: -c agent.step_limit=lots: agent.step_limit: ")
+    # the fix the line gives works: the setting given now replaces the recorded one
+    fixed = cli("run", "--resume", str(recorded), "--script", str(script), "-q", "-c", "agent.step_limit=50")
+    assert fixed.returncode == 0, fixed.stderr
+
+
 @pytest.mark.slow
 def test_every_field_mutated_to_every_wrong_type_is_refused_in_one_line_or_read(recorded, tmp_path):
     document = json.loads(recorded.read_text())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env, miniswe_cmd
+from conftest import clean_env, miniswe_cmd
 
 from miniswe.environments.docker import DockerConfig, DockerEnvironment
 from miniswe.environments.runargs import read_run_args

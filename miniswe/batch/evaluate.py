@@ -14,7 +14,7 @@ from typing import TextIO
 
 from miniswe.batch.ledger import LEDGER, Ledger, read_records
 from miniswe.batch.plan import plan_tasks
-from miniswe.batch.run import BatchOptions, BatchResult, _execute
+from miniswe.batch.run import BatchOptions, BatchResult, execute_plans
 from miniswe.batch.rundir import RunDir
 from miniswe.batch.tasks import load_task_list, load_tasks
 from miniswe.errors import UsageError
@@ -69,7 +69,7 @@ def evaluate(run_dir: str, *, tasks: str | None = None, split: str | None = None
         kept = [ledger.records[plan.id] for plan in plans if plan.id not in wanted]
         started = folder.start_run(run, {})  # run.json's `command` stays the batch's own, which reruns it
         started["invocations"][-1]["command"] = command or f"miniswe evaluate {run_dir}"
-        result = _execute(options, folder, started, ledger, todo, kept, plans, {}, stream, set(), None)
+        result = execute_plans(options, folder, started, ledger, todo, kept, plans, {}, stream, set(), None)
     finally:
         folder.unlock()
     failed = [r for r in ledger.snapshot() if (r.grade or {}).get("status") in NOT_GRADED]

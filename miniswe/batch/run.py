@@ -173,7 +173,7 @@ def run_batch(config: Config, options: BatchOptions, *, stream: TextIO | None = 
         run = run_dir.start_run(previous, _run_info(task_file, options, config, identity, len(selected)))
         ledger.compact()
         run_dir.write_preds(ledger.snapshot())
-        return _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster, notices)
+        return execute_plans(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster, notices)
     finally:
         if cluster is not None:
             cluster.close()
@@ -239,7 +239,7 @@ def grading(options: BatchOptions, tasks: list, notices: list[str]) -> float | N
     return options.grade_timeout
 
 
-def _execute(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster, notices=()) -> BatchResult:
+def execute_plans(options, run_dir, run, ledger, todo, kept, plans, renderers, stream, redo, cluster, notices=()) -> BatchResult:
     """Run the scheduler over the executor, then write preds.json, report.md and run.json's end."""
     state = BatchState(len(plans), kept)
     progress = make_progress(options.quiet, stream)
