@@ -170,7 +170,7 @@ def running_in(cluster: TwoNodeCluster, pids: list[int]) -> set[str]:
     found = set()
     for owner in cluster.ns.tmp.glob("miniswe-tasks-*/*/.owner"):
         with contextlib.suppress(OSError, ValueError):
-            if int(owner.read_text().split()[0]) in pids:
+            if int(owner.read_text().partition(" ")[0]) in pids:  # "" while being written: ValueError
                 found.add(owner.parent.name)
     return found
 
