@@ -103,7 +103,7 @@ class Compactor:
     # -- what the agent calls ------------------------------------------------------------------------------
     def prepare(self, messages: Sequence[dict[str, Any]], deadline: float | None) -> list[dict[str, Any]]:
         """What the model is sent next: the projection, compacted first when it would not fit."""
-        if not self.rate:
+        if not self._rate and self._calibration is None:  # (not `self.rate`: reading it counts the conversation)
             self.rate = self._recorded_rate(messages) or FIRST_RATE
         projected = self.project(messages)
         if self.window and self.estimate(projected) > self.trigger():
