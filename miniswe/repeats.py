@@ -40,9 +40,12 @@ class RepeatDetector:
         """Count a step: the end it brings, the warning it earns, or nothing."""
         if not self.limit or step.command is None:
             return None
-        key = (shell_words(step.command), step.returncode, step.timed_out, step.output)
-        self.count = self.count + 1 if key == self.last else 1
-        self.last = key
+        last, seen = self.last, (step.command, step.returncode, step.timed_out, step.output)
+        # the command is read as the shell would only when the rest is the same (most steps' outputs differ)
+        same = last is not None and last[1:] == seen[1:] and (
+            last[0] == step.command or shell_words(last[0]) == shell_words(step.command))
+        self.count = self.count + 1 if same else 1
+        self.last = seen
         if self.count > self.limit:
             return Outcome(ExitStatus.REPEATED_ACTION, f"the same command gave the same output {self.count} times "
                            f"in a row (agent.max_repeats is {self.limit}): {step.command[:120]}")
