@@ -18,14 +18,11 @@ writes nothing.
 
 from __future__ import annotations
 
-import collections
 import copy
 import json
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+
+from loopback import Handler, Scripted
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                413: "request_too_large", 429: "rate_limit_error", 500: "api_error", 529: "overloaded_error"}
@@ -78,26 +75,14 @@ def marked_blocks(request) -> list[tuple[int, dict]]:
             for block in message["content"] if isinstance(block, dict) and block.get("cache_control")]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
-
-    def log_message(self, format, *args):
-        pass
-
+class _Handler(Handler):
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length).decode("utf-8", "replace") if length else ""
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            body = {}
+        body, _, path = self.receive(otherwise=lambda raw: {})
         server = self.server.scripted
-        server._record({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
-        if urlsplit(self.path).path.rstrip("/") != "/v1/messages":
-            self._send(404, {"type": "error", "error": {"type": "not_found_error", "message": f"no route {self.path}"}})
+        if path != "/v1/messages":
+            self.send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": f"no route {self.path}"}})
             return
-        item = server._next()
+        item, seq = server._next(body)
         spec = item if isinstance(item, dict) else {"content": item}
         if not spec.get("stall_after"):
             server._sleep(spec.get("stall", 0))
@@ -106,15 +91,15 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"retry-after": str(spec["retry_after"])} if "retry_after" in spec else {}
             payload = spec.get("body") or {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"),
                                                                         "message": spec.get("message", f"scripted HTTP {status}")}}
-            self._send(status, payload, headers)
+            self.send_json(status, payload, headers)
             return
-        message = server._message(spec, body)
+        message = server._message(spec, body, seq)
         if body.get("stream"):
-            self._stream(server, spec, message)
+            self._stream(spec, message)
         else:
-            self._send(200, message)
+            self.send_json(200, message)
 
-    def _stream(self, server, spec, message):
+    def _stream(self, spec, message):
         start = copy.deepcopy(message)
         start.update(content=[], stop_reason=None, stop_sequence=None)
         start["usage"] = {**message["usage"], "output_tokens": 1}
@@ -148,147 +133,29 @@ class _Handler(BaseHTTPRequestHandler):
                                                                            "stop_sequence": None},
                                          "usage": {"output_tokens": message["usage"]["output_tokens"]}}))
         events.append(("message_stop", {"type": "message_stop"}))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        try:
-            for index, (name, data) in enumerate(events):
-                if index and index == spec.get("stall_after"):
-                    self.wfile.flush()
-                    server._sleep(spec.get("stall", 3600))
-                    if server._stopping.is_set():
-                        self.close_connection = True
-                        return
-                line = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except OSError:
-            self.close_connection = True
-
-    def _send(self, status, payload, headers=None):
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_events([f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events], spec)
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, scripted):
-        self.scripted = scripted
-        self.connections = set()
-        self.connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request, client_address):
-        with self.connections_lock:
-            self.connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request):
-        with self.connections_lock:
-            self.connections.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request, client_address):
-        import sys
-
-        if not isinstance(sys.exc_info()[1], OSError):
-            super().handle_error(request, client_address)
-
-
-class AnthropicServer:
+class AnthropicServer(Scripted):
     """Serves queued items in order (see the module's docstring); `requests` holds what it was sent
-(path, headers with lower-case names, body, and when it was received, time.monotonic)."""
+(method, path, headers with lower-case names, body, and when it was received, time.monotonic)."""
+
+    handler = _Handler
+    clock = staticmethod(time.monotonic)
+    exhausted = {"status": 500, "message": "script exhausted"}
 
     def __init__(self, replies=(), *, default=None, host="127.0.0.1"):
-        self.default = default
-        self.host = host
-        self._queue = collections.deque(replies)
-        self._requests: list[dict] = []
+        super().__init__(replies, default=default, host=host)
         self.usages: list[dict] = []  # the usage of each reply sent, in order
         self._cache: set[str] = set()
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._stopping = threading.Event()
-        self._httpd = None
-        self._thread = None
-
-    @property
-    def port(self) -> int:
-        return self._httpd.server_address[1]
 
     @property
     def api_base(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    @property
-    def requests(self) -> list[dict]:
-        with self._lock:
-            return list(self._requests)
-
-    def push(self, *items):
-        with self._lock:
-            self._queue.extend(items)
-
-    def start(self) -> AnthropicServer:
-        self._stopping.clear()
-        self._httpd = _HTTPServer((self.host, 0), self)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._httpd is None:
-            return
-        self._stopping.set()
-        self._httpd.shutdown()
-        with self._httpd.connections_lock:
-            connections = list(self._httpd.connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._httpd.server_close()
-        self._thread.join()
-        self._httpd = None
-
-    def __enter__(self) -> AnthropicServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            self._stopping.wait(seconds)
-
-    def _record(self, entry: dict) -> None:
-        entry["received"] = time.monotonic()
-        with self._lock:
-            self._requests.append(entry)
-
-    def _next(self):
-        with self._lock:
-            self._seq += 1
-            if self._queue:
-                return self._queue.popleft()
-        return self.default if self.default is not None else {"status": 500, "message": "script exhausted"}
-
-    def _message(self, spec: dict, request: dict) -> dict:
+    def _message(self, spec: dict, request: dict, seq: int) -> dict:
         """The Messages API reply to `request` for a scripted item, its usage as a cache would have it."""
         with self._lock:
-            seq = self._seq
             marks = breakpoints(request)
             read = max((len(mark) // 4 for mark in marks if mark in self._cache), default=0)
             written = max(len(marks[-1]) // 4 - read, 0) if marks and marks[-1] not in self._cache else 0

@@ -6,18 +6,17 @@ Use ScriptedServer in-process, or run `python tests/openai_server.py --script re
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import os
 import select
-import signal
 import socket
-import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlsplit
+
+from loopback import Handler, Headers, Scripted
+
+__all__ = ["CHAT_PATHS", "MODELS_PATHS", "EXHAUSTED", "ITEM_HELP", "Headers", "load_replies", "prompt_tokens", "overflow",
+           "completion", "tool_calls", "ScriptedServer", "serve", "main"]
 
 CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")
 MODELS_PATHS = ("/v1/models", "/models")
@@ -55,22 +54,6 @@ Rules (ScriptedServer(rules=[(text, item)])) answer a request whose last message
 whatever the script's position, also without using up an item: a reply to a request that comes at a point
 the test cannot foresee (a compaction's summary request).
 """
-
-
-class Headers(dict):
-    """Header dict with lower-cased keys and case-insensitive lookups."""
-
-    def __init__(self, items=()):
-        super().__init__((k.lower(), v) for k, v in items)
-
-    def __getitem__(self, key):
-        return super().__getitem__(key.lower())
-
-    def __contains__(self, key):
-        return super().__contains__(key.lower())
-
-    def get(self, key, default=None):
-        return super().get(key.lower(), default)
 
 
 def load_replies(path):
@@ -157,13 +140,7 @@ def tool_calls(item, seq):
     return calls
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive, like a real API behind requests.Session
-    disable_nagle_algorithm = True  # otherwise delayed ACKs add ~40 ms to keep-alive round trips
-
-    def log_message(self, format, *args):
-        pass
-
+class _Handler(Handler):
     def do_GET(self):
         self._handle()
 
@@ -171,19 +148,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self):
-        # Always drain the body so the next request on this connection parses cleanly.
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length).decode("utf-8", "replace") if length else ""
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw
+        # wall-clock times (received, answered), so a benchmark can measure the client's gap between an answer and
+        # its next request
+        body, entry, path = self.receive()
         scripted = self.server.scripted
-        # wall-clock times, so a benchmark can measure the client's gap between an answer and its next request
-        entry = {"method": self.command, "path": self.path, "headers": Headers(self.headers.items()), "body": body,
-                 "received": time.time()}
-        scripted._record(entry)
-        path = urlsplit(self.path).path.rstrip("/")
         if self.command == "POST" and path in CHAT_PATHS:
             if scripted.slots:
                 self._generate(scripted, body, entry)
@@ -192,9 +160,9 @@ class _Handler(BaseHTTPRequestHandler):
             entry["answered"] = time.time()
         elif self.command == "GET" and path in MODELS_PATHS:
             scripted._sleep(scripted.latency)
-            self._send(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model", "owned_by": "scripted"}]})
+            self.send_json(200, {"object": "list", "data": [{"id": "scripted-model", "object": "model", "owned_by": "scripted"}]})
         else:
-            self._send(404, _error(404, f"no route for {self.command} {path}"))
+            self.send_json(404, _error(404, f"no route for {self.command} {path}"))
 
     def _generate(self, scripted, request, entry):
         """A chat request on a server with slots: it waits for one, then keeps it for its whole generation, whether
@@ -232,7 +200,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 return
             style = "llamacpp" if scripted.overflow_style == "empty_stream" else scripted.overflow_style
-            self._send(400, overflow(style, scripted.context_window, prompt_tokens(request)))
+            self.send_json(400, overflow(style, scripted.context_window, prompt_tokens(request)))
             return
         item, seq = scripted._next(request)
         spec = item if isinstance(item, dict) else {}
@@ -260,11 +228,11 @@ class _Handler(BaseHTTPRequestHandler):
         if spec.get("broken_json"):
             data = data[: len(data) // 2]
         if spec.get("trickle"):
-            self._trickle(status, data.encode(), spec["trickle"])
+            self.send_trickle(status, data.encode(), spec["trickle"], unread=bool(scripted.slots))
         elif spec.get("cut_at") is not None:
-            self._cut(status, data.encode(), spec["cut_at"])
+            self.send_cut(status, data.encode(), spec["cut_at"])
         else:
-            self._send(status, data, headers)
+            self.send_json(status, data, headers)
 
     def _stream(self, scripted, item, request, seq):
         """The reply as server-sent events, one HTTP chunk each."""
@@ -299,80 +267,8 @@ class _Handler(BaseHTTPRequestHandler):
             events.append({**base, "choices": [], "usage": whole["usage"]})
         lines = [f"data: {json.dumps(event)}\n\n".encode() for event in events] + [b"data: [DONE]\n\n"]
         self._generated()  # its first token: the rest is generated as it is sent
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        gone = False  # the client hung up: with slots, the generation goes on all the same, unread
-        for index, line in enumerate(lines):
-            try:
-                if index and index == spec.get("stream_cut_after"):
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                if index and index == spec.get("stall_after"):
-                    if not gone:
-                        self.wfile.flush()
-                    scripted._sleep(spec.get("stall", 3600))
-                    if scripted._stopping.is_set():
-                        self.close_connection = True
-                        return
-                if index and spec.get("event_delay"):
-                    scripted._sleep(spec["event_delay"])
-                if not gone:
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                    self.wfile.flush()
-            except OSError:
-                self.close_connection = True
-                if not scripted.slots:
-                    return
-                gone = True
-        if gone:
+        if self.send_events(lines, spec, unread=bool(scripted.slots)):  # with slots, the generation went on, unread
             self._generated(gone=True)
-            return
-        try:
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-        except OSError:
-            self.close_connection = True
-
-    def _trickle(self, status, data, interval):
-        """Headers at once, then the body one byte every `interval` seconds: each read is quick, the answer never ends."""
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.flush()
-        for sent, byte in enumerate(data):
-            try:
-                self.wfile.write(bytes([byte]))
-                self.wfile.flush()
-                time.sleep(interval)
-            except OSError:
-                if self.server.scripted.slots:  # the rest of the generation goes on, unread
-                    self.server.scripted._sleep(interval * (len(data) - sent - 1))
-                return
-
-    def _cut(self, status, data, at):
-        """Announce the whole body, send its first `at` bytes, and hang up."""
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data[:at])
-        self.wfile.flush()
-        self.close_connection = True
-
-    def _send(self, status, payload, headers=None):
-        data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
 
 
 def _hung_up(sock):
@@ -414,134 +310,26 @@ class _Slots:
             self.changed.notify_all()
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, scripted):
-        self.scripted = scripted
-        self.connections = set()
-        self.connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request, client_address):
-        with self.connections_lock:
-            self.connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request):
-        with self.connections_lock:
-            self.connections.discard(request)
-        super().shutdown_request(request)
-
-    def handle_error(self, request, client_address):
-        # Clients hanging up (timeouts, stop()) are expected; only real bugs deserve a traceback.
-        if not isinstance(sys.exc_info()[1], OSError):
-            super().handle_error(request, client_address)
-
-
-class ScriptedServer:
+class ScriptedServer(Scripted):
     """Serves queued reply items in FIFO order; item formats are listed in ITEM_HELP."""
+
+    handler = _Handler
+    exhausted = EXHAUSTED
 
     def __init__(self, replies=None, latency=0.0, default=None, host="127.0.0.1", port=0, requests_log=None,
                  context_window=0, overflow_style="openai", rules=(), stream_usage=True, slots=0):
+        super().__init__(replies, default=default, rules=rules, host=host, port=port, requests_log=requests_log)
         self.latency = latency
         self.slots = slots  # N: at most N requests generated at a time, as a local server (see ITEM_HELP); 0: no limit
         self._slots = _Slots(slots)
         self.stream_usage = stream_usage  # False: streams never carry usage, whatever the request asks
-        self.rules = list(rules)
         self.context_window = context_window
         self.overflow_style = overflow_style
         self.overflows = 0  # requests refused for their length
-        self.default = default
-        self.host = host
-        self.requests_log = requests_log
-        self._port = port
-        self._queue = collections.deque(replies or ())
-        self._requests = []
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._stopping = threading.Event()
-        self._httpd = None
-        self._thread = None
-
-    @property
-    def port(self):
-        if self._httpd is None:
-            raise RuntimeError("server not started")
-        return self._httpd.server_address[1]
 
     @property
     def base_url(self):
         return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def requests(self):
-        with self._lock:
-            return list(self._requests)
-
-    @property
-    def pending(self):
-        with self._lock:
-            return len(self._queue)
-
-    def push(self, *items):
-        with self._lock:
-            self._queue.extend(items)
-
-    def start(self):
-        self._stopping.clear()
-        self._httpd = _HTTPServer((self.host, self._port), self)
-        # A short poll interval keeps stop() fast; the idle wakeups cost nothing measurable.
-        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self):
-        if self._httpd is None:
-            return
-        self._stopping.set()  # wakes handlers sleeping on latency/stall
-        self._httpd.shutdown()
-        # Idle keep-alive connections would otherwise keep being served after stop().
-        with self._httpd.connections_lock:
-            connections = list(self._httpd.connections)
-        for conn in connections:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._httpd.server_close()
-        self._thread.join()
-        self._port = self._httpd.server_address[1]  # a restart reuses the same port
-        self._httpd = None
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def _sleep(self, seconds):
-        if seconds > 0:
-            self._stopping.wait(seconds)
-
-    def _next(self, request=None):
-        messages = request.get("messages") if isinstance(request, dict) else None
-        last = str(messages[-1].get("content")) if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else ""
-        with self._lock:
-            self._seq += 1
-            for text, item in self.rules:
-                if text in last:
-                    return item, self._seq
-            if self._queue:
-                return self._queue.popleft(), self._seq
-            return (EXHAUSTED if self.default is None else self.default), self._seq
-
-    def _record(self, entry):
-        with self._lock:
-            self._requests.append(entry)
-            if self.requests_log:
-                with open(self.requests_log, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(entry) + "\n")
 
 
 def serve(replies=None, **kw):
@@ -569,20 +357,7 @@ def main(argv=None):
         script = script.get("replies", [])
     server = ScriptedServer(script, latency=args.latency, default=default, port=args.port, requests_log=args.requests_log,
                             context_window=args.context_window, overflow_style=args.overflow_style, slots=args.slots)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    server.start()
-    try:
-        if args.port_file:
-            # Write then rename so a polling reader never sees a half-written port.
-            tmp = f"{args.port_file}.tmp"
-            Path(tmp).write_text(str(server.port))
-            os.replace(tmp, args.port_file)
-        print(server.port, flush=True)
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()
+    server.run(args.port_file)
 
 
 if __name__ == "__main__":
