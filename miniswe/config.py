@@ -341,10 +341,11 @@ def read_source(source: Source) -> tuple[str, dict[str, Any]]:
         return source, {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a config file must be a mapping of sections (agent:, model:, ...)")
-    _json_only(data, source)
     from miniswe.mini_config import from_mini_config  # a mini-swe-agent config file becomes miniswe's sections
 
-    return source, from_mini_config(data, source)
+    data = from_mini_config(data, source)
+    _json_only(data, source)  # what is used of it (a mini-swe-agent config's other sections are not)
+    return source, data
 
 
 def _json_only(data: Any, source: str, key: str = "") -> None:
@@ -352,7 +353,11 @@ def _json_only(data: Any, source: str, key: str = "") -> None:
     trajectory much later: refused here, naming the key."""
     if isinstance(data, dict):
         for name, value in data.items():
-            _json_only(value, source, f"{key}.{name}" if key else str(name))
+            dotted = f"{key}.{name}" if key else str(name)
+            if not isinstance(name, (str, int, float, bool)) and name is not None:
+                raise ConfigError(f"{source}: {dotted}: YAML read the key {name!r} as a {type(name).__name__}; "
+                                  "quote it to give text")
+            _json_only(value, source, dotted)
     elif isinstance(data, list):
         for index, value in enumerate(data):
             _json_only(value, source, f"{key}[{index}]")

@@ -31,13 +31,17 @@ class HelpRequest:
 
     @classmethod
     def of(cls, argv: list[str]) -> HelpRequest | None:
-        """A request when `argv` asks for help and nothing else (`--help` last, before it only command names)."""
+        """A request when `argv` asks for help and nothing else (`--help` last, before it only command names),
+        and it can be keyed (else typer answers, uncached)."""
         words = argv[1:]
-        if not words or words[-1] != "--help" or len(words) > 3:
+        if not words or words[-1] != "--help" or len(words) > 3 or sys.stdout is None:
             return None
         if not all(word.isascii() and word.replace("-", "").isalnum() for word in words[:-1]):
             return None
-        return cls(argv)
+        try:
+            return cls(argv)
+        except (OSError, ValueError):  # a file of the code that cannot be read (a dangling link, an upgrade)
+            return None
 
     def serve(self) -> bool:
         """Print the cached help if it was made under the same key; whether it was."""

@@ -71,7 +71,10 @@ class Secrets:
             if where and where not in self.short:
                 self.short.append(where)
             return
-        for form in (value, json.dumps(value, ensure_ascii=False)[1:-1], shlex.quote(value)):
+        forms = [value, json.dumps(value, ensure_ascii=False)[1:-1], shlex.quote(value)]
+        if value.strip() != value and len(value.strip()) >= MIN_SECRET_LEN:
+            forms.append(value.strip())  # a key read with its line break is sent without it
+        for form in forms:
             if form not in self.values:
                 self.values.append(form)
         self.values.sort(key=len, reverse=True)  # a longer secret that contains a shorter one goes first

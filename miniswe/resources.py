@@ -29,22 +29,30 @@ def cache_dir(name: str) -> str:
 
 
 def writable_dir(path: str) -> str:
-    """`path`, made if missing; "" when it cannot be (a read-only home): a cache is then just not kept."""
+    """`path`, made if missing (private to this user); "" when it cannot be (a read-only home), or when it is not
+    this user's alone (a shared cache folder: what is read back from it is run): a cache is then not kept."""
     try:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        status = os.stat(path)
     except OSError:
         return ""
-    return path if os.access(path, os.W_OK) else ""
+    mine = status.st_uid == os.geteuid() and not status.st_mode & 0o022
+    return path if mine and os.access(path, os.W_OK) else ""
 
 
 def write_quietly(path: str, text: str) -> None:
-    """Write a cache file whole (a temporary file renamed over it), or not at all."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Write a cache file whole (a temporary file of its own renamed over it), or not at all."""
+    import tempfile
+
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
             handle.write(text)
         os.replace(tmp, path)
-    except OSError:
+    except (OSError, ValueError):
         try:
             os.unlink(tmp)
         except OSError:

@@ -7,6 +7,7 @@ checked when the Renderer is built, so an unknown variable or a syntax error fai
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,16 +64,13 @@ class Renderer:
         search = [user_dir, templates_dir()] if user_dir else [templates_dir()]
         if user_dir and not os.path.isdir(user_dir):
             raise ConfigError(f"agent.templates_dir: {user_dir} is not a directory")
-        self._cache = writable_dir(cache_dir("templates"))
-        self._env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(search),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=False,
-            autoescape=False,
-            # compiling the templates costs a run's start more than everything else of its own: keep the code,
-            # checked against each template's text (jinja2 recompiles a template whose text changed)
-            bytecode_cache=jinja2.FileSystemBytecodeCache(self._cache) if self._cache else None,
-        )
+        options = {"undefined": jinja2.StrictUndefined, "keep_trailing_newline": False, "autoescape": False}
+        # compiling the templates costs a run's start more than everything else of its own: the code is kept,
+        # checked against each template's text, in a folder of this jinja2's and these options' own
+        self._cache = writable_dir(os.path.join(cache_dir("templates"), f"jinja2-{jinja2.__version__}-"
+                                                f"{zlib.crc32(repr(sorted(options.items())).encode()):08x}"))
+        self._env = jinja2.Environment(loader=jinja2.FileSystemLoader(search),
+                                       bytecode_cache=_quiet_cache(self._cache) if self._cache else None, **options)
         self._templates = {}
         for name, allowed in VARIABLES.items():
             try:
@@ -119,3 +117,24 @@ class Renderer:
     def check_instance(self, task: str, instance: dict[str, Any], variables: dict[str, Any]) -> None:
         """Render the instance prompt once now, so a field a task lacks fails before anything runs."""
         self.render("instance.j2", task=task, instance=instance, **variables)
+
+
+def _quiet_cache(directory: str) -> Any:
+    """jinja2's bytecode cache in `directory`, where a file that cannot be read or written (a full disk) only
+    means compiling again."""
+    import jinja2
+
+    class QuietCache(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket: Any) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except (OSError, ValueError, EOFError):
+                bucket.reset()
+
+        def dump_bytecode(self, bucket: Any) -> None:
+            try:
+                super().dump_bytecode(bucket)
+            except OSError:
+                pass
+
+    return QuietCache(directory)

@@ -74,6 +74,45 @@ def test_api_key_is_sent_but_never_recorded_or_printed(cli, server, tmp_path):
     assert traj(tmp_path)["exit_status"] == "ModelError"
 
 
+def test_a_connection_never_made_is_retried_after_the_backoff_not_the_call_timeout(cli, tmp_path):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    held = socket.create_connection(listener.getsockname())  # fills the backlog: later connections hang
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        started = time.monotonic()
+        result = cli("run", "x", "--base-url", url, "-m", "m", "-o", "t.json", "-c", "model.connect_timeout=0.3",
+                     "-c", "model.timeout=30", "-c", "model.retries=1", "-c", "model.max_backoff=0.1")
+        took = time.monotonic() - started
+    finally:
+        held.close()
+        listener.close()
+    assert result.returncode == 3, result.stderr
+    assert "no connection within 0.3s; retry 1 of 1 in 0.1s" in result.stderr
+    assert took < 15  # not a wait of the call's 30 s: the server never had the request
+
+
+@pytest.mark.parametrize(("url", "fix"), [("http:///v1", "check --base-url")])
+def test_an_unusable_url_is_one_line(cli, url, fix):
+    result = cli("run", "x", "--base-url", url, "-m", "m", "-o", "t.json")
+    assert result.returncode == 3 and result.stderr.count("\n") == 1 and fix in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+
+
+def test_a_key_read_with_its_line_break_is_sent_without_it_and_a_broken_key_is_named(cli, server, tmp_path):
+    key = "sk-test-0123456789abcdef"
+    server.push(SUBMIT)
+    assert cli("run", "x", *endpoint(server), "-o", "t.json", env={"OPENAI_API_KEY": key + "\n"}).returncode == 0
+    assert server.requests[0]["headers"]["authorization"] == f"Bearer {key}"
+    broken = cli("run", "x", *endpoint(server), "-o", "t.json", env={"OPENAI_API_KEY": key + "\nsk-other-key"})
+    assert broken.returncode == 3 and len(server.requests) == 1
+    assert broken.stderr.strip().endswith("$OPENAI_API_KEY holds a line break or another control character; set it "
+                                          "to the key alone") and key not in broken.stderr
+
+
 def test_a_gateways_cookie_goes_back_with_every_later_call(cli, server):
     # a sticky load balancer pins a conversation to one backend with a cookie, as a requests Session keeps it
     server.push({"content": act("true"), "headers": {"Set-Cookie": "backend=b7; Path=/"}}, act("true"), SUBMIT)
@@ -337,6 +376,42 @@ def test_help_cache_follows_the_terminal_width_and_the_code(tmp_path):
     again = _help(tmp_path / "a", "batch", COLUMNS="60")
     assert "STALE" not in again.stdout and again.stdout == narrow.stdout
     assert "STALE" not in path.read_text()
+
+
+def test_help_with_stdout_closed_or_a_dangling_link_in_the_package_is_still_help(tmp_path):
+    closed = subprocess.run(f"{shlex.join(miniswe_cmd('run', '--help'))} >&-", shell=True, capture_output=True,
+                            text=True, cwd=ROOT, env=clean_env(XDG_CACHE_HOME=str(tmp_path)))
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr, closed.stderr
+    # an editor's lock file (a link to nothing) inside the package: help is typer's, uncached, not a traceback
+    copy = tmp_path / "copy"
+    shutil.copytree(ROOT / "miniswe", copy / "miniswe", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("config", "templates"):
+        shutil.copytree(ROOT / folder, copy / folder)
+    (copy / "miniswe" / ".#cli.py").symlink_to("root@host.1234")
+    result = subprocess.run([sys.executable, "-m", "miniswe", "--help"], capture_output=True, text=True,
+                            cwd=copy, env={**clean_env(XDG_CACHE_HOME=str(tmp_path / "c")), "PYTHONPATH": str(copy)})
+    assert result.returncode == 0 and result.stdout.startswith("Usage:"), result.stderr
+
+
+def test_the_template_cache_is_used_only_when_private_and_a_full_disk_only_costs_a_compile(tmp_path):
+    run = ("import resource, sys\nif sys.argv[1] == 'full': resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))\n"
+           "from miniswe.templates import Renderer\nRenderer()\nprint('ready')\n")
+    def renderer(cache, how: str = "") -> None:
+        result = subprocess.run([sys.executable, "-c", run, how], capture_output=True, text=True, cwd=ROOT,
+                                env=clean_env(XDG_CACHE_HOME=str(cache)))
+        assert result.stdout == "ready\n", result.stderr
+
+    shared = tmp_path / "shared"
+    renderer(shared)
+    [folder] = (shared / "miniswe" / "templates").iterdir()
+    assert folder.stat().st_mode & 0o777 == 0o700 and any(folder.iterdir())
+    for cached in folder.iterdir():
+        cached.unlink()
+    folder.chmod(0o777)  # anyone may write here now: nothing is read from it, or written
+    renderer(shared)
+    assert not any(folder.iterdir())
+    renderer(tmp_path / "full", "full")  # every write fails: the templates are compiled, not cached
+    assert not [p for p in (tmp_path / "full").rglob("*") if p.is_file() and p.stat().st_size]
 
 
 def test_cached_help_into_a_closed_pipe_is_quiet(tmp_path):

@@ -122,6 +122,8 @@ def test_what_json_cannot_hold_is_refused_naming_the_key(tmp_path, value, messag
     with pytest.raises(ConfigError, match=r"dated.yaml: " + message):
         load_config(str(tmp_path / "dated.yaml"))
     assert load_config("model.params={when: '2024-01-01'}").model.params == {"when": "2024-01-01"}
+    with pytest.raises(ConfigError, match=r"model.params.2024-01-01: YAML read the key datetime.date\(2024, 1, 1\)"):
+        load_config("model.params={2024-01-01: x}")
 
 
 def test_default_yaml_is_the_settings_models_with_a_comment_per_key():

@@ -115,6 +115,15 @@ def test_later_sources_override_it_and_its_notice_is_one_line(tmp_path, capfd):
     assert len(lines) == 1 and lines[0].startswith(f"miniswe: {path}: mini-swe-agent config: not used: agent.mode confirm")
 
 
+def test_a_date_in_a_section_miniswe_does_not_use_is_no_error(tmp_path):
+    # mini-swe-agent configs carry sections miniswe leaves out; what YAML reads in them is not miniswe's concern
+    import datetime
+
+    path = write_yaml(tmp_path / "dated.yaml", {**MINI_V2, "run": {"created": datetime.date(2024, 5, 1)}})
+    assert "created: 2024-05-01" in path.read_text()
+    assert load_config(str(path)).agent.kind == MINI_AGENT_KIND
+
+
 @pytest.mark.parametrize(("data", "message"), [
     ({"agent": {"system_template": "{% if x %}", "instance_template": "i"}},
      "m.yaml: agent.system_template: template syntax error at line 1: Unexpected end of template"),

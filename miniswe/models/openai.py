@@ -88,8 +88,12 @@ class OpenAIModel(ChatModel):
             # ...and so the CA bundle that trust_env would have found, for endpoints behind a corporate CA
             session.verify = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
             # What Session.request would prepare anew for every call (URL checks, merged headers, hooks): once
-            self._template = session.prepare_request(
-                requests.Request("POST", self.url, headers={"Content-Type": "application/json"}))
+            try:
+                self._template = session.prepare_request(
+                    requests.Request("POST", self.url, headers={"Content-Type": "application/json"}))
+            except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                    requests.exceptions.InvalidSchema) as error:
+                raise ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url")) from None
             self._session = session
         return self._session
 
@@ -134,8 +138,11 @@ class OpenAIModel(ChatModel):
         import requests
 
         headers = {}
-        key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
+        key = os.environ.get(self.config.api_key_env, "").strip() if self.config.api_key_env else ""
         if key:
+            if not key.isprintable():
+                raise ModelError(f"${self.config.api_key_env} holds a line break or another control character; "
+                                 "set it to the key alone")
             headers["Authorization"] = f"Bearer {key}"
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         stream = bool(body.get("stream"))
@@ -166,6 +173,9 @@ class OpenAIModel(ChatModel):
                 raise Cancelled("model call cancelled") from None
             timed_out = isinstance(error, requests.Timeout)
             past_deadline = deadline is not None and time.monotonic() >= deadline - 0.01
+            if isinstance(error, requests.ConnectTimeout) and not past_deadline and self._cut_reason != "deadline":
+                # the server never had the request: nothing of it to wait out before the retry
+                raise Transient(f"cannot reach {self.url}: no connection within {self.config.connect_timeout:g}s") from None
             if self._cut_reason == "deadline" or (timed_out and (not stream or past_deadline
                                                                    or isinstance(error, requests.ConnectTimeout))):
                 if not own_deadline and deadline is not None:

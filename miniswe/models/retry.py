@@ -67,8 +67,11 @@ def call_with_retries(
         if retries >= settings.retries:
             raise ModelError(scrub(f"{failure} (gave up after {retries + 1} attempts)"))
         # the backoff, jitter included, stays under max_backoff; a call given up on is waited out in full, whatever
-        # the cap: a local server still generating its answer would only queue the retry behind it
-        delay = max(min(next(delays) * random.uniform(1.0, 1.25), settings.max_backoff), failure.busy_for)
+        # the cap (a local server still generating its answer would only queue the retry behind it), unless that
+        # wait would pass the run's deadline: then the backoff's retry is its last chance
+        delay = min(next(delays) * random.uniform(1.0, 1.25), settings.max_backoff)
+        if failure.busy_for > delay and (deadline is None or time.monotonic() + failure.busy_for < deadline):
+            delay = failure.busy_for
         if failure.retry_after is not None:
             gate.pause(failure.retry_after)
             delay = max(delay, failure.retry_after)
