@@ -121,11 +121,15 @@ class Secrets:
 
 def run_secrets(config: Any) -> Secrets:
     """Every secret value a run with `config` must never record or print."""
-    # the model kind's own list when it has one (litellm: every variable its route reads); duck-typed, since the
-    # model kinds sit above this module
-    model = config.model
+    return config_secrets(config.to_dict(), secret_env(config.model))
+
+
+def secret_env(model: Any) -> list[str]:
+    """The variables holding a model's credentials: hidden from the run's commands and masked in its records. The
+    model kind's own list when it has one (litellm: every variable its route reads); duck-typed, since the model
+    kinds sit above this module."""
     names = model.secret_env() if hasattr(model, "secret_env") else [getattr(model, "api_key_env", "")]
-    return config_secrets(config.to_dict(), [name for name in names if name])
+    return [name for name in dict.fromkeys(names) if name]
 
 
 def config_secrets(config: dict[str, Any], env_names: Iterable[Any] = ()) -> Secrets:

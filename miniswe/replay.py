@@ -182,7 +182,7 @@ def replay_recording(trajectory: Trajectory, config: Any, *, until: int | None, 
     """`rerun` in a fresh environment of the recorded kind, built from `config`, closed afterwards; `scrub` masks
     the run's secrets in the new outputs."""
     from miniswe.environments import build_environment
-    from miniswe.models.common import secret_env
+    from miniswe.redaction import secret_env
     from miniswe.tools.files import read_limit
 
     env = build_environment(config.environment, run_id=new_run_id(), stop=stop,

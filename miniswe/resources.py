@@ -41,19 +41,10 @@ def writable_dir(path: str) -> str:
 
 
 def write_quietly(path: str, text: str) -> None:
-    """Write a cache file whole (a temporary file of its own renamed over it), or not at all."""
-    import tempfile
+    """Write a cache file atomically, or not at all."""
+    from miniswe.atomic import write_atomic
 
     try:
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
+        write_atomic(path, text.encode("utf-8", "surrogateescape"))
     except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except (OSError, ValueError):
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass

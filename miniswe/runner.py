@@ -24,9 +24,8 @@ from miniswe.errors import ConfigError, UsageError
 from miniswe.hooks import load_hooks
 from miniswe.limits import NO_TIMEOUT
 from miniswe.models import Model, calls_tools, model_class
-from miniswe.models.common import secret_env
 from miniswe.models.gate import CallGate
-from miniswe.redaction import MASK, Secrets, check_forwarded_keys, masked_config, masked_left
+from miniswe.redaction import MASK, Secrets, check_forwarded_keys, masked_config, masked_left, secret_env
 from miniswe.status import ExitStatus, Outcome, is_agent_outcome, outcome_of
 from miniswe.templates import Renderer, prompt_variables
 from miniswe.trajectory import COMMAND_TAIL, CommandRecord, Trajectory, new_run_id

@@ -254,10 +254,11 @@ class NodeImages:
 
     def __init__(self, policy: Any, ledger: str):
         from miniswe.environments.images import BatchImages
+        from miniswe.resources import cache_dir
 
         if not os.path.isdir(os.path.dirname(ledger)):
             digest = hashlib.sha256(ledger.encode()).hexdigest()[:12]
-            ledger = os.path.join(os.path.expanduser("~"), ".cache", "miniswe", f"images-{digest}.jsonl")
+            ledger = cache_dir(f"images-{digest}.jsonl")
             os.makedirs(os.path.dirname(ledger), exist_ok=True)
         self.pools = BatchImages(policy, ledger_path=ledger)
         self.stops: dict[str, Stop] = {}

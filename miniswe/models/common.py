@@ -14,6 +14,7 @@ from miniswe import debuglog
 from miniswe.models import Reply, ToolCall
 from miniswe.models.pricing import price
 from miniswe.models.retry import call_with_retries
+from miniswe.redaction import secret_env
 from miniswe.usage import Usage, call_usage, estimated_usage
 
 RETRY_STATUSES = {408, 409, 425, 429}
@@ -78,12 +79,6 @@ def scrub(message: str, names: list[str]) -> str:
         if value and (name in names or len(value) >= MIN_SECRET_LEN and secret_name(name)) and value in message:
             message = message.replace(value, MASK)
     return SECRETS.scrub(message)
-
-
-def secret_env(config: Any) -> list[str]:
-    """The variables holding a model's credentials: hidden from the run's commands and masked in its records."""
-    names = config.secret_env() if hasattr(config, "secret_env") else [getattr(config, "api_key_env", "")]
-    return [name for name in dict.fromkeys(names) if name]
 
 
 def text_of(content: Any) -> str:

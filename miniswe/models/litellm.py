@@ -84,7 +84,7 @@ class LitellmConfig(PriceSettings, RetrySettings, ModelConfig):
 
     def secret_env(self) -> list[str]:
         """The variables holding the model's credentials: model.api_key_env and every one the route's credentials
-        may come from (models/common.py: secret_env)."""
+        may come from (redaction.secret_env)."""
         return [self.api_key_env, *route_variables(self.name)[1]] if self.name else [self.api_key_env]
 
 

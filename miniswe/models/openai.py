@@ -43,7 +43,7 @@ class OpenAIConfig(PriceSettings, RetrySettings, ModelConfig):
     stream_idle_timeout: Seconds = 120.0  # seconds a stream may send nothing (the wait for its first token too) before it is cut and retried; 0 = no limit
 
     def secret_env(self) -> list[str]:
-        """The variables holding the model's credentials (models/common.py: secret_env)."""
+        """The variables holding the model's credentials (redaction.secret_env)."""
         return [self.api_key_env]
 
 
@@ -70,6 +70,7 @@ class OpenAIModel(ChatModel):
         self.on_delta = on_delta or (lambda kind, text: None)  # kind: "reasoning" or "content"
         # made at the first call, not here: importing requests then overlaps the environment's start
         self._session: Any = None
+        self._template: Any = None  # the request every call copies (see _requests)
         self._proxies: dict[str, str] = {}
         self._connection: Any = None  # the connection of the request in flight, so it can be cut off
         self._cut_reason: str | None = None
@@ -91,9 +92,8 @@ class OpenAIModel(ChatModel):
             try:
                 self._template = session.prepare_request(
                     requests.Request("POST", self.url, headers={"Content-Type": "application/json"}))
-            except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                    requests.exceptions.InvalidSchema) as error:
-                raise ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url")) from None
+            except _unusable_url() as error:
+                raise self._unusable(error) from None
             self._session = session
         return self._session
 
@@ -111,6 +111,9 @@ class OpenAIModel(ChatModel):
         if session.cookies:  # a gateway's (a sticky load balancer's) cookies go back as requests would send them
             request.prepare_cookies(session.cookies)
         return session.send(request, verify=session.verify, proxies=self._proxies, **send)
+
+    def _unusable(self, error: Exception) -> ModelError:
+        return ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url"))
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "name": self.config.name, "base_url": self.config.base_url}
@@ -166,8 +169,8 @@ class OpenAIModel(ChatModel):
                 raise Transient(f"TLS with {self.url} failed: {_reason(error)}") from None
             raise ModelError(self._scrub(f"{self.url}: the server's certificate is not trusted; if the endpoint uses a "
                                          "private CA, point REQUESTS_CA_BUNDLE at its certificate")) from None
-        except (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema) as error:
-            raise ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url")) from None
+        except _unusable_url() as error:
+            raise self._unusable(error) from None
         except (requests.RequestException, Transient) as error:
             if self._cut_reason == "stop":
                 raise Cancelled("model call cancelled") from None
@@ -382,6 +385,13 @@ def _add_call_piece(calls: dict[int, dict[str, Any]], piece: Any) -> None:
         call["function"]["name"] = function["name"]
     if isinstance(function.get("arguments"), str):
         call["function"]["arguments"] += function["arguments"]
+
+
+def _unusable_url() -> tuple[type[Exception], ...]:
+    """What requests raises for a URL it cannot use (the endpoint's, or a proxy's)."""
+    import requests
+
+    return requests.exceptions.InvalidURL, requests.exceptions.MissingSchema, requests.exceptions.InvalidSchema
 
 
 def _cut_off() -> Exception:
