@@ -348,24 +348,39 @@ def read_source(source: Source) -> tuple[str, dict[str, Any]]:
     return source, data
 
 
-def _json_only(data: Any, source: str, key: str = "") -> None:
-    """What YAML reads but JSON cannot hold (a date, a set, binary, NaN) would break the request body and the
-    trajectory much later: refused here, naming the key."""
-    if isinstance(data, dict):
-        for name, value in data.items():
-            dotted = f"{key}.{name}" if key else str(name)
-            if not isinstance(name, (str, int, float, bool)) and name is not None:
+EXPANDED_MAX = 100_000  # values a config may hold once its YAML aliases are written out
+
+
+def _json_only(data: Any, source: str, key: str = "", sizes: dict[int, int] | None = None,
+               within: frozenset[int] = frozenset()) -> int:
+    """What YAML reads but JSON cannot hold (a date, a set, binary, NaN, a list that holds itself through an
+    alias) would break the request body and the trajectory much later: refused here, naming the key; so is a
+    config that aliases grow past EXPANDED_MAX values (every later reader would write them all out). Returns how
+    many values `data` holds, written out; `sizes`: those of the mappings and lists counted already."""
+    sizes = {} if sizes is None else sizes
+    if not isinstance(data, (dict, list)):
+        if isinstance(data, float) and not math.isfinite(data):
+            raise ConfigError(f"{source}: {key}: expected a finite number, not {data} (JSON has no form for it)")
+        if data is not None and not isinstance(data, (str, int, float, bool)):
+            raise ConfigError(f"{source}: {key}: YAML read {data!r} as a {type(data).__name__}; quote it to give "
+                              "text (a config holds text, numbers, true/false, lists and mappings)")
+        return 1
+    if id(data) in within:
+        raise ConfigError(f"{source}: {key}: holds itself (a YAML alias inside what it names); write it out")
+    if id(data) not in sizes:
+        within |= {id(data)}
+        total = 1
+        for name, value in data.items() if isinstance(data, dict) else enumerate(data):
+            dotted = (f"{key}.{name}" if key else str(name)) if isinstance(data, dict) else f"{key}[{name}]"
+            if isinstance(data, dict) and not isinstance(name, (str, int, float, bool)) and name is not None:
                 raise ConfigError(f"{source}: {dotted}: YAML read the key {name!r} as a {type(name).__name__}; "
                                   "quote it to give text")
-            _json_only(value, source, dotted)
-    elif isinstance(data, list):
-        for index, value in enumerate(data):
-            _json_only(value, source, f"{key}[{index}]")
-    elif isinstance(data, float) and not math.isfinite(data):
-        raise ConfigError(f"{source}: {key}: expected a finite number, not {data} (JSON has no form for it)")
-    elif data is not None and not isinstance(data, (str, int, float, bool)):
-        raise ConfigError(f"{source}: {key}: YAML read {data!r} as a {type(data).__name__}; quote it to give text "
-                          "(a config holds text, numbers, true/false, lists and mappings)")
+            total += _json_only(value, source, dotted, sizes, within)
+        sizes[id(data)] = total
+    if not key and sizes[id(data)] > EXPANDED_MAX:
+        raise ConfigError(f"{source}: its YAML aliases write out to {sizes[id(data)]:,} values, more than "
+                          f"{EXPANDED_MAX:,}; write the config out without them")
+    return sizes[id(data)]
 
 
 def _merge(into: dict, data: dict, name: str, origin: dict[str, str], prefix: str) -> None:

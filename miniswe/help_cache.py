@@ -10,6 +10,7 @@ keeps what it printed. Stdlib only: nothing here may import typer or what the co
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import zlib
 from collections.abc import Iterator
@@ -31,10 +32,10 @@ class HelpRequest:
 
     @classmethod
     def of(cls, argv: list[str]) -> HelpRequest | None:
-        """A request when `argv` asks for help and nothing else (`--help` last, before it only command names),
-        and it can be keyed (else typer answers, uncached)."""
+        """A request when `argv` asks for help and nothing else (`--help`, or `COMMAND --help`: a word more could
+        be a task's text, which is not to be kept on disk), and it can be keyed (else typer answers, uncached)."""
         words = argv[1:]
-        if not words or words[-1] != "--help" or len(words) > 3 or sys.stdout is None:
+        if not words or words[-1] != "--help" or len(words) > 2 or sys.stdout is None:
             return None
         if not all(word.isascii() and word.replace("-", "").isalnum() for word in words[:-1]):
             return None
@@ -45,9 +46,9 @@ class HelpRequest:
 
     def serve(self) -> bool:
         """Print the cached help if it was made under the same key; whether it was."""
-        try:
-            with open(self.path, encoding="utf-8") as handle:
-                if handle.readline() != self.key + "\n":
+        try:  # not blocking on a FIFO put in its place: only a regular file is read
+            with open(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK), encoding="utf-8") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode) or handle.readline() != self.key + "\n":
                     return False
                 text = handle.read()
         except (OSError, UnicodeDecodeError):

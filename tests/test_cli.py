@@ -414,6 +414,18 @@ def test_the_template_cache_is_used_only_when_private_and_a_full_disk_only_costs
     assert not [p for p in (tmp_path / "full").rglob("*") if p.is_file() and p.stat().st_size]
 
 
+def test_help_after_a_task_is_not_kept_and_a_fifo_in_the_cache_does_not_block(tmp_path):
+    assert _help(tmp_path, "run", "my-task-sk-0123456789abcdef").returncode == 0
+    assert not (tmp_path / "miniswe" / "help").exists()  # a word that may be a task's text stays off the disk
+    assert _help(tmp_path, "batch").returncode == 0
+    [cached] = (tmp_path / "miniswe" / "help").iterdir()
+    cached.unlink()
+    os.mkfifo(cached)  # nothing writes it: reading it would wait for ever
+    result = subprocess.run(miniswe_cmd("batch", "--help"), capture_output=True, text=True, cwd=ROOT, timeout=30,
+                            env=clean_env(XDG_CACHE_HOME=str(tmp_path)))
+    assert result.returncode == 0 and result.stdout.startswith("Usage:"), result.stderr
+
+
 def test_cached_help_into_a_closed_pipe_is_quiet(tmp_path):
     _help(tmp_path)
     result = subprocess.run(f"{shlex.join(miniswe_cmd('--help'))} | head -1", shell=True, capture_output=True, text=True,

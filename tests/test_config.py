@@ -126,6 +126,19 @@ def test_what_json_cannot_hold_is_refused_naming_the_key(tmp_path, value, messag
         load_config("model.params={2024-01-01: x}")
 
 
+def test_yaml_aliases_that_hold_themselves_or_write_out_too_much_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.params.x\[0\]: holds itself \(a YAML alias inside what it names\)"):
+        load_config("model.params={x: &a [*a]}")
+    # each level repeats the one before ten times: 10**30 values written out, from a file of 30 lines
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 30)]
+    (tmp_path / "laughs.yaml").write_text("model:\n  params:\n" + "".join(f"    {line}\n" for line in lines))
+    with pytest.raises(ConfigError, match=r"laughs.yaml: its YAML aliases write out to [\d,]+ values, more than 100,000"):
+        load_config(str(tmp_path / "laughs.yaml"))
+    # an alias used a few times is fine
+    assert load_config("model.params={a: &v [1, 2], b: *v}").model.params == {"a": [1, 2], "b": [1, 2]}
+
+
 def test_default_yaml_is_the_settings_models_with_a_comment_per_key():
     from miniswe.config import PLUGGABLE, Config, settings_class
     from miniswe.plugins import KINDS
