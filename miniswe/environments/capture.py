@@ -195,11 +195,22 @@ class _PopenExit:
             os.close(fd)
 
 
+def wait_for(proc: subprocess.Popen, seconds: float) -> int | None:
+    """`proc`'s exit code if it ends within `seconds`, else None; woken by its end, where Popen.wait polls
+    with growing sleeps (up to 8 ms late at a 10 ms exit)."""
+    watch = _PopenExit(proc)
+    try:
+        _await(watch, seconds)
+    finally:
+        watch.close()
+    return proc.poll()
+
+
 def _await(ended: ExitWatch, seconds: float) -> None:
-    """Wait up to `seconds` for a killed command to end (it does at once, unless the kernel holds it)."""
+    """Wait up to `seconds` for a process to end (a killed one does at once, unless the kernel holds it)."""
     deadline = time.monotonic() + seconds
     while ended.poll() is None and (left := deadline - time.monotonic()) > 0:
-        select.select([ended], [], [], left)
+        select.select([ended], [], [], min(left, getattr(ended, "poll_interval", left)))
 
 
 def _result(buffer: BoundedBuffer, returncode: int | None, timed_out: bool, started: float) -> CommandResult:

@@ -15,7 +15,7 @@ from typing import Any
 
 from miniswe.config import EnvironmentConfig
 from miniswe.environments import CommandResult
-from miniswe.environments.capture import capture
+from miniswe.environments.capture import capture, wait_for
 from miniswe.environments.spawner import kill_descendants, landlock_abi
 from miniswe.errors import SandboxError
 
@@ -228,8 +228,6 @@ class Spawner:
     def close(self) -> None:
         """Close the lifeline: the spawner kills what is left and exits."""
         self.channel.close()
-        try:
-            self.proc.wait(ANSWER_S)
-        except subprocess.TimeoutExpired:
+        if wait_for(self.proc, ANSWER_S) is None:
             self.proc.kill()
             self.proc.wait(ANSWER_S)

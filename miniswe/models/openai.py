@@ -73,6 +73,7 @@ class OpenAIModel(ChatModel):
         self._template: Any = None  # the request every call copies (see _requests)
         self._proxies: dict[str, str] = {}
         self._connection: Any = None  # the connection of the request in flight, so it can be cut off
+        self._encoded: dict[tuple[Any, ...], bytes] = {}  # the last call's messages as JSON (see _encode)
         self._cut_reason: str | None = None
         self._watchdog = Watchdog(self._cut)
 
@@ -100,7 +101,7 @@ class OpenAIModel(ChatModel):
     def _post(self, body: dict[str, Any], headers: dict[str, str], **send: Any) -> Any:
         """POST `body` as JSON: the prepared template with this call's headers, body and the session's cookies."""
         try:
-            data = json.dumps(body, allow_nan=False).encode()
+            data = self._encode(body)
         except (TypeError, ValueError) as error:
             raise ModelError(f"cannot send the request as JSON ({error}); check model.params and model.temperature "
                              "for values JSON has no form for (NaN, infinity, dates)") from None
@@ -111,6 +112,21 @@ class OpenAIModel(ChatModel):
         if session.cookies:  # a gateway's (a sticky load balancer's) cookies go back as requests would send them
             request.prepare_cookies(session.cookies)
         return session.send(request, verify=session.verify, proxies=self._proxies, **send)
+
+    def _encode(self, body: dict[str, Any]) -> bytes:
+        """`body` as JSON, each message encoded once: the whole conversation goes with every call, and encoding
+        it anew was a call's largest cost of its own (0.3 ms at 100 steps, and growing with them)."""
+        known, self._encoded = self._encoded, {}
+        parts = []
+        for message in body["messages"]:
+            try:
+                key = tuple(message.items())
+                part = self._encoded[key] = known.get(key) or json.dumps(message, allow_nan=False).encode()
+            except TypeError:  # an unhashable value (tool calls): encoded every time
+                part = json.dumps(message, allow_nan=False).encode()
+            parts.append(part)
+        rest = json.dumps({key: value for key, value in body.items() if key != "messages"}, allow_nan=False).encode()
+        return b"".join((b'{"messages": [', b", ".join(parts), b"]", b", " + rest[1:] if len(rest) > 2 else b"}"))
 
     def _unusable(self, error: Exception) -> ModelError:
         return ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url"))
