@@ -320,7 +320,7 @@ def read_source(source: Source) -> tuple[str, dict[str, Any]]:
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
-        _json_only(data, f"-c {source}")
+        _checked(data, f"-c {source}")
         return f"-c {source}", data
     try:
         with open(source, encoding="utf-8") as handle:
@@ -344,43 +344,55 @@ def read_source(source: Source) -> tuple[str, dict[str, Any]]:
     from miniswe.mini_config import from_mini_config  # a mini-swe-agent config file becomes miniswe's sections
 
     data = from_mini_config(data, source)
-    _json_only(data, source)  # what is used of it (a mini-swe-agent config's other sections are not)
+    _checked(data, source)  # what is used of it (a mini-swe-agent config's other sections are not)
     return source, data
 
 
-EXPANDED_MAX = 100_000  # values a config may hold once its YAML aliases are written out
+EXPANDED_MAX = 100_000  # values a config (or one task of a task file) may hold once its YAML aliases are written out
 
 
-def _json_only(data: Any, source: str, key: str = "", sizes: dict[int, int] | None = None,
-               within: frozenset[int] = frozenset()) -> int:
+class NotJson(ValueError):
+    """A value JSON cannot hold, or too many of them; the message starts with the key."""
+
+
+def json_values(data: Any) -> None:
     """What YAML reads but JSON cannot hold (a date, a set, binary, NaN, a list that holds itself through an
-    alias) would break the request body and the trajectory much later: refused here, naming the key; so is a
-    config that aliases grow past EXPANDED_MAX values (every later reader would write them all out). Returns how
-    many values `data` holds, written out; `sizes`: those of the mappings and lists counted already."""
-    sizes = {} if sizes is None else sizes
+    alias) would break the request body and the trajectory much later: refused here, naming the key; so is data
+    whose aliases grow past EXPANDED_MAX values (every later reader would write them all out)."""
+    total = _json_only(data, "", {}, frozenset())
+    if total > EXPANDED_MAX:
+        raise NotJson(f"its YAML aliases write out to {total:,} values, more than {EXPANDED_MAX:,}; write it out "
+                      "without them")
+
+
+def _json_only(data: Any, key: str, sizes: dict[int, int], within: frozenset[int]) -> int:
+    """How many values `data` holds, written out; `sizes`: those of the mappings and lists counted already."""
     if not isinstance(data, (dict, list)):
         if isinstance(data, float) and not math.isfinite(data):
-            raise ConfigError(f"{source}: {key}: expected a finite number, not {data} (JSON has no form for it)")
+            raise NotJson(f"{key}: expected a finite number, not {data} (JSON has no form for it)")
         if data is not None and not isinstance(data, (str, int, float, bool)):
-            raise ConfigError(f"{source}: {key}: YAML read {data!r} as a {type(data).__name__}; quote it to give "
-                              "text (a config holds text, numbers, true/false, lists and mappings)")
+            raise NotJson(f"{key}: YAML read {data!r} as a {type(data).__name__}; quote it to give text (miniswe "
+                          "keeps text, numbers, true/false, lists and mappings)")
         return 1
     if id(data) in within:
-        raise ConfigError(f"{source}: {key}: holds itself (a YAML alias inside what it names); write it out")
+        raise NotJson(f"{key}: holds itself (a YAML alias inside what it names); write it out")
     if id(data) not in sizes:
         within |= {id(data)}
         total = 1
         for name, value in data.items() if isinstance(data, dict) else enumerate(data):
             dotted = (f"{key}.{name}" if key else str(name)) if isinstance(data, dict) else f"{key}[{name}]"
             if isinstance(data, dict) and not isinstance(name, (str, int, float, bool)) and name is not None:
-                raise ConfigError(f"{source}: {dotted}: YAML read the key {name!r} as a {type(name).__name__}; "
-                                  "quote it to give text")
-            total += _json_only(value, source, dotted, sizes, within)
+                raise NotJson(f"{dotted}: YAML read the key {name!r} as a {type(name).__name__}; quote it to give text")
+            total += _json_only(value, dotted, sizes, within)
         sizes[id(data)] = total
-    if not key and sizes[id(data)] > EXPANDED_MAX:
-        raise ConfigError(f"{source}: its YAML aliases write out to {sizes[id(data)]:,} values, more than "
-                          f"{EXPANDED_MAX:,}; write the config out without them")
     return sizes[id(data)]
+
+
+def _checked(data: dict[str, Any], source: str) -> None:
+    try:
+        json_values(data)
+    except NotJson as error:
+        raise ConfigError(f"{source}: {error}") from None
 
 
 def _merge(into: dict, data: dict, name: str, origin: dict[str, str], prefix: str) -> None:

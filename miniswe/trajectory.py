@@ -14,7 +14,6 @@ import re
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -32,7 +31,7 @@ COMMAND_TAIL = 2000
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
 
 
 def default_trajectory_path(task: str, run_id: str) -> str:

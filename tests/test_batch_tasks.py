@@ -131,6 +131,22 @@ def test_bad_task_files_name_the_place_the_field_and_the_fix(tmp_path, name, tex
     assert expected in problems(tmp_path, name, text)
 
 
+def test_values_json_cannot_hold_are_refused_at_load_not_in_the_middle_of_the_batch(tmp_path):
+    # a date ran the whole batch and failed each task with "Object of type date is not JSON serializable"
+    assert "t.yaml: line 1: metadata.created: YAML read datetime.date(2024, 1, 1) as a date; quote it" in problems(
+        tmp_path, "t.yaml", "- id: a\n  task: x\n  metadata: {created: 2024-01-01}\n")
+    assert "line 1: config.model.temperature: expected a finite number, not nan" in problems(
+        tmp_path, "t.jsonl", '{"id": "a", "task": "x", "config": {"model": {"temperature": NaN}}}\n')
+
+
+def test_a_task_whose_aliases_write_out_to_billions_is_one_line_at_once(tmp_path):
+    # nine levels of ten: 10^9 values that every writer of the task (its trajectory, results.jsonl) wrote out
+    lines = ["- id: a", "  task: x", "  metadata:", "    l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"    l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    message = problems(tmp_path, "t.yaml", "\n".join(lines) + "\n")
+    assert "t.yaml: line 1: its YAML aliases write out to 1,234,567,903 values, more than 100,000" in message
+
+
 def test_every_problem_is_reported_at_once(tmp_path):
     message = problems(tmp_path, "t.yaml", "- {id: a, task: x}\n- {task: y}\n- {id: a, task: z}\n- {id: b}\n")
     assert message.splitlines()[0] == f"{tmp_path / 't.yaml'}: 3 problems in the task file"

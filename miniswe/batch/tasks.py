@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from miniswe.config import NotJson, json_values
 from miniswe.errors import TaskFileError
 
 FIELDS = ("id", "task", "cwd", "setup", "eval", "env", "config", "metadata")
@@ -187,6 +188,10 @@ def _as_list(path: str, data: Any) -> list[Any]:
 def _task(where: str, entry: Any) -> Task:
     if not isinstance(entry, dict):
         raise _Problem(f"expected a mapping with `id` and `task`, got {type(entry).__name__} {str(entry)[:40]!r}")
+    try:  # each task is written out on its own (its trajectory, its line of results.jsonl): bounded on its own
+        json_values(entry)
+    except NotJson as error:
+        raise _Problem(str(error)) from None
     swebench = "instance_id" in entry
     if not swebench:
         unknown = [key for key in entry if key not in FIELDS]
