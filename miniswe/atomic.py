@@ -30,7 +30,10 @@ def check_replaceable(path: str) -> bool:
     return True
 
 
-def write_atomic(path: str, data: str | bytes, *, fsync: bool = False) -> None:
+Data = str | bytes | list[bytes]  # a list: its pieces written one after the other, never joined in memory
+
+
+def write_atomic(path: str, data: Data, *, fsync: bool = False) -> None:
     """Write a temporary file beside `path`, then rename it over `path` (a regular file, or none yet)."""
     check_replaceable(path)
     tmp = _temporary_copy(path, data, fsync=fsync)
@@ -56,7 +59,7 @@ class SwapFile:
         self.path = path
         self._exchange = _renameat2 is not None
 
-    def write(self, data: str | bytes) -> None:
+    def write(self, data: Data) -> None:
         if not (check_replaceable(self.path) and self._exchange):
             write_atomic(self.path, data)  # the first version: nothing to exchange with yet
             return
@@ -76,7 +79,7 @@ class SwapFile:
             raise
 
 
-def _temporary_copy(path: str, data: str | bytes, *, fsync: bool = False) -> str:
+def _temporary_copy(path: str, data: Data, *, fsync: bool = False) -> str:
     """A new hidden file beside `path` holding `data`, with the mode open() would give it; its name."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = _create_beside(directory, os.path.basename(path))
@@ -113,7 +116,14 @@ def _unlink(path: str) -> None:
         pass
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, data: bytes | list[bytes]) -> None:
+    """All of `data`; a list through writev, 1024 pieces a call: a trajectory is hundreds of encoded messages,
+    and joining them first copied the whole file (twice) at every save."""
+    pieces = [data] if isinstance(data, bytes) else data
+    for start in range(0, len(pieces), 1024):
+        batch = pieces[start:start + 1024]
+        written = os.writev(fd, batch)
+        if written < sum(map(len, batch)):  # cut short (a signal, a full disk): the rest, piece by piece
+            view = memoryview(b"".join(batch))[written:]
+            while view:
+                view = view[os.write(fd, view):]

@@ -44,3 +44,31 @@ def test_importing_and_writing_never_change_the_umask(tmp_path, monkeypatch):
         os.umask(current)
         importlib.reload(atomic)
     assert calls == []
+
+
+def test_a_document_in_pieces_is_written_whole_or_not_at_all(tmp_path):
+    # a trajectory is saved as its encoded pieces (writev, never joined); a write the kernel cuts short (here a
+    # file size limit, as a full disk would) must finish piece by piece or fail, leaving the last version whole
+    import subprocess
+    import sys
+
+    path = tmp_path / "record.json"
+    script = f"""
+import resource, signal, sys
+from miniswe.atomic import SwapFile
+swap = SwapFile({str(path)!r})
+swap.write([b"old " * 10, b"version"])
+swap.write([b"a" * 3000, b"b" * 3000, b"c" * 100])  # past no limit yet: three pieces, one file
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (7000, 7000))
+swap.write([b"d" * 100] * 60)  # 6000 bytes: under the limit, written whole
+try:
+    swap.write([b"e" * 5000, b"f" * 5000])  # the kernel writes 7000 and then refuses
+except OSError as error:
+    print("refused", error.errno)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(atomic.__file__))})
+    assert done.stdout.strip() == "refused 27", done.stderr  # EFBIG
+    assert path.read_bytes() == b"d" * 6000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"], "a temporary file left"

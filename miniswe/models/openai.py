@@ -131,7 +131,10 @@ class OpenAIModel(ChatModel):
                 parts.append(json.dumps(message, allow_nan=False).encode())
         self._encoded = kept
         rest = json.dumps({key: value for key, value in body.items() if key != "messages"}, allow_nan=False).encode()
-        return b"".join((b'{"messages": [', b", ".join(parts), b"]", b", " + rest[1:] if len(rest) > 2 else b"}"))
+        # one join, one copy of the conversation: the brackets and the other keys go on its first and last pieces
+        parts[:1] = [b'{"messages": [' + (parts[0] if parts else b"")]
+        parts[-1] += b"]" + (b", " + rest[1:] if len(rest) > 2 else b"}")
+        return b", ".join(parts)
 
     def _unusable(self, error: Exception) -> ModelError:
         return ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url"))
