@@ -73,7 +73,7 @@ class OpenAIModel(ChatModel):
         self._template: Any = None  # the request every call copies (see _requests)
         self._proxies: dict[str, str] = {}
         self._connection: Any = None  # the connection of the request in flight, so it can be cut off
-        self._encoded: dict[str, tuple[Any, bytes]] = {}  # the last call's messages: text -> (role, JSON) (_encode)
+        self._sent: tuple[list[dict[str, Any]], list[bytes]] = ([], [])  # the last call's messages, encoded (_encode)
         self._cut_reason: str | None = None
         self._watchdog = Watchdog(self._cut)
 
@@ -114,27 +114,21 @@ class OpenAIModel(ChatModel):
         return session.send(request, verify=session.verify, proxies=self._proxies, **send)
 
     def _encode(self, body: dict[str, Any]) -> bytes:
-        """`body` as JSON, each plain message (a role and its text) encoded once: the whole conversation goes with
-        every call, and encoding it anew was a call's largest cost of its own (0.5 ms at 300 steps). Looked up by
-        the text, whose hash Python keeps: a key made per message (a tuple) cost as much as the encoding."""
-        known, kept = self._encoded, {}
-        parts = []
-        for message in body["messages"]:
-            content = message.get("content")
-            if len(message) == 2 and type(content) is str:
-                entry = known.get(content)
-                if entry is None or entry[0] != message.get("role"):
-                    entry = (message.get("role"), json.dumps(message).encode())
-                kept[content] = entry
-                parts.append(entry[1])
-            else:  # tool calls and their answers: encoded every time
-                parts.append(json.dumps(message, allow_nan=False).encode())
-        self._encoded = kept
+        """`body` as JSON, each message of the conversation encoded once: it all goes with every call, and encoding
+        it anew was a call's largest cost of its own (0.5 ms at 300 steps). The last call's messages are kept (as
+        copies) with their encodings; a call that begins with them, compared by value in C, encodes only the rest."""
+        messages = body["messages"]
+        sent, parts = self._sent
+        if messages[:len(sent)] != sent:  # compacted, or another conversation: all of it again
+            sent, parts = [], []
+        new = messages[len(sent):]
+        parts = parts + [json.dumps(message, allow_nan=False).encode() for message in new]
+        self._sent = (sent + [dict(message) for message in new], parts)
         rest = json.dumps({key: value for key, value in body.items() if key != "messages"}, allow_nan=False).encode()
         # one join, one copy of the conversation: the brackets and the other keys go on its first and last pieces
-        parts[:1] = [b'{"messages": [' + (parts[0] if parts else b"")]
-        parts[-1] += b"]" + (b", " + rest[1:] if len(rest) > 2 else b"}")
-        return b", ".join(parts)
+        pieces = [b'{"messages": [' + (parts[0] if parts else b""), *parts[1:]]
+        pieces[-1] += b"]" + (b", " + rest[1:] if len(rest) > 2 else b"}")
+        return b", ".join(pieces)
 
     def _unusable(self, error: Exception) -> ModelError:
         return ModelError(self._scrub(f"{self.url}: not a usable URL ({error}); check --base-url"))
