@@ -840,13 +840,21 @@ class CommandPolicy:
                       DENY.get(entry, "matches policy.deny")) for entry in config.deny]
         self.confirm = [re.compile(pattern, re.M) for pattern in config.confirm]
         self.ask = ask
+        self._last: tuple[str, Reading, list[str]] | None = None  # one command is judged by deny, then confirm
+
+    def _read(self, command: str) -> tuple[Reading, list[str]]:
+        """The command's reading and its shell texts unquoted, for the rules and the patterns."""
+        if self._last is None or self._last[0] != command:
+            reading = read_command(command)
+            self._last = (command, reading, [_unquoted(text) for text in reading.texts])
+        return self._last[1], self._last[2]
 
     def needs_confirmation(self, command: str) -> str | None:
         """The confirm pattern `command` matches, if any (chat asks for these even in yolo mode); the text it
         hands to `bash -c`, `eval`, ... is read too."""
         if not self.applies or not self.confirm:
             return None
-        texts = [_unquoted(text) for text in read_command(command).texts]
+        texts = self._read(command)[1]
         return next((p.pattern for p in self.confirm if any(p.search(text) for text in texts)), None)
 
     def before_command(self, event) -> None:
@@ -865,14 +873,12 @@ class CommandPolicy:
         return RewrittenCommands(self)
 
     def _denied(self, command: str) -> str | None:
-        reading = read_command(command)
-        texts = None
+        reading, texts = self._read(command)
         for entry, pattern, why in self.deny:
             if pattern is None:
                 if entry not in reading.rules:
                     continue
             else:
-                texts = texts if texts is not None else [_unquoted(text) for text in reading.texts]
                 if not any(pattern.search(text) for text in texts):
                     continue
             return f"refused by the command policy: it {why} (policy.deny: {entry}). Do the task another way."
