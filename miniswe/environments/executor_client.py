@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import cache
 
 from miniswe.environments import CommandResult
-from miniswe.environments.capture import CHUNK, BoundedBuffer
+from miniswe.environments.capture import CHUNK, BoundedBuffer, wait_for
 from miniswe.environments.processes import stopped
 from miniswe.environments.executor import (
     BEAT,
@@ -323,11 +323,9 @@ class Resident:
             self.proc.stdin.close()
         except OSError:
             pass
-        try:
-            if stopped(self.proc.pid):  # a stopped client (SIGSTOP) would never end by itself
-                self.proc.kill()
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        if stopped(self.proc.pid):  # a stopped client (SIGSTOP) would never end by itself
+            self.proc.kill()
+        if wait_for(self.proc, 5) is None:
             self.proc.kill()
             self.proc.wait()
         if not self._executing:
