@@ -314,6 +314,8 @@ def read_source(source: Source) -> tuple[str, dict[str, Any]]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        except RecursionError:
+            raise ConfigError(f"-c {source}: {TOO_DEEP}") from None
         data: dict[str, Any] = {}
         node = data
         parts = key.strip().split(".")
@@ -337,6 +339,8 @@ def read_source(source: Source) -> tuple[str, dict[str, Any]]:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{source}: not valid YAML{where}: {getattr(error, 'problem', error)}") from None
+    except RecursionError:  # YAML's reader recurses once per level
+        raise ConfigError(f"{source}: {TOO_DEEP}") from None
     if data is None:
         return source, {}
     if not isinstance(data, dict):
@@ -349,6 +353,7 @@ def read_source(source: Source) -> tuple[str, dict[str, Any]]:
 
 
 EXPANDED_MAX = 100_000  # values a config (or one task of a task file) may hold once its YAML aliases are written out
+TOO_DEEP = "nested too deeply to read (lists or mappings hundreds of levels down); write it flatter"
 
 
 class NotJson(ValueError):
@@ -359,7 +364,10 @@ def json_values(data: Any) -> None:
     """What YAML reads but JSON cannot hold (a date, a set, binary, NaN, a list that holds itself through an
     alias) would break the request body and the trajectory much later: refused here, naming the key; so is data
     whose aliases grow past EXPANDED_MAX values (every later reader would write them all out)."""
-    total = _json_only(data, "", {}, frozenset())
+    try:
+        total = _json_only(data, "", {}, frozenset())
+    except RecursionError:  # past what the trajectory's JSON encoder would take, too
+        raise NotJson(TOO_DEEP) from None
     if total > EXPANDED_MAX:
         raise NotJson(f"its YAML aliases write out to {total:,} values, more than {EXPANDED_MAX:,}; write it out "
                       "without them")

@@ -147,6 +147,15 @@ def test_a_task_whose_aliases_write_out_to_billions_is_one_line_at_once(tmp_path
     assert "t.yaml: line 1: its YAML aliases write out to 1,234,567,903 values, more than 100,000" in message
 
 
+@pytest.mark.parametrize(("name", "depth"), [("t.yaml", 900), ("t.json", 980), ("t.json", 5000)])
+def test_a_task_nested_past_what_python_reads_is_one_line(tmp_path, name, depth):
+    # the JSON and YAML readers (and the JSON check) recurse once per level: this was a RecursionError traceback
+    nested = "[" * depth + "]" * depth
+    text = (f"- id: a\n  task: x\n  metadata: {{d: {nested}}}\n" if name.endswith(".yaml")
+            else f'[{{"id": "a", "task": "x", "metadata": {{"d": {nested}}}}}]')
+    assert "nested too deeply to read (lists or mappings hundreds of levels down)" in problems(tmp_path, name, text)
+
+
 def test_every_problem_is_reported_at_once(tmp_path):
     message = problems(tmp_path, "t.yaml", "- {id: a, task: x}\n- {task: y}\n- {id: a, task: z}\n- {id: b}\n")
     assert message.splitlines()[0] == f"{tmp_path / 't.yaml'}: 3 problems in the task file"

@@ -139,6 +139,17 @@ def test_yaml_aliases_that_hold_themselves_or_write_out_too_much_are_one_line(tm
     assert load_config("model.params={a: &v [1, 2], b: *v}").model.params == {"a": [1, 2], "b": [1, 2]}
 
 
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_a_config_nested_past_what_python_reads_is_one_line(tmp_path, depth):
+    # YAML's reader and the JSON check recurse once per level: this was a RecursionError traceback
+    nested = "[" * depth + "]" * depth
+    (tmp_path / "deep.yaml").write_text(f"model:\n  params: {{d: {nested}}}\n")
+    with pytest.raises(ConfigError, match=r"deep.yaml: nested too deeply to read .*; write it flatter$"):
+        load_config(str(tmp_path / "deep.yaml"))
+    with pytest.raises(ConfigError, match=r"nested too deeply to read"):
+        load_config(f"model.params={{d: {nested}}}")
+
+
 def test_default_yaml_is_the_settings_models_with_a_comment_per_key():
     from miniswe.config import PLUGGABLE, Config, settings_class
     from miniswe.plugins import KINDS

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from miniswe.config import NotJson, json_values
+from miniswe.config import TOO_DEEP, NotJson, json_values
 from miniswe.errors import TaskFileError
 
 FIELDS = ("id", "task", "cwd", "setup", "eval", "env", "config", "metadata")
@@ -87,7 +87,10 @@ def load_tasks(path: str) -> TaskFile:
         entries = [(f"index {i}", row) for i, row in enumerate(read_parquet(path))]
     else:
         text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff")  # editors on Windows add a BOM
-        entries = _parse(path, text)
+        try:
+            entries = _parse(path, text)
+        except RecursionError:  # the JSON and YAML readers recurse once per level
+            raise TaskFileError(f"{path}: {TOO_DEEP}") from None
     return tasks_of(path, entries, hashlib.sha256(raw).hexdigest())
 
 
