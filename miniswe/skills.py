@@ -112,6 +112,8 @@ def split_front_matter(text: str) -> tuple[dict, str, str | None]:
         front = yaml.safe_load("".join(lines[1:end]))
     except yaml.YAMLError as error:
         return {}, text, f"its front matter is not valid YAML ({' '.join(str(error).split())[:120]})"
+    except RecursionError:
+        return {}, text, "its front matter is nested too deeply to read; write it flatter"
     if not isinstance(front, dict):
         return {}, text, "its front matter is not a mapping of name: and description:"
     return front, "".join(lines[end + 1:]), None

@@ -6,6 +6,7 @@ import pytest
 
 from miniswe.config import load_config
 from miniswe.errors import ConfigError
+from miniswe.models.scripted import load_script
 
 
 def test_defaults_come_from_the_shipped_yaml():
@@ -148,6 +149,9 @@ def test_a_config_nested_past_what_python_reads_is_one_line(tmp_path, depth):
         load_config(str(tmp_path / "deep.yaml"))
     with pytest.raises(ConfigError, match=r"nested too deeply to read"):
         load_config(f"model.params={{d: {nested}}}")
+    (tmp_path / "replies.yaml").write_text(f"- {nested}\n")  # --script FILE
+    with pytest.raises(ConfigError, match=r"model.script: .*replies.yaml: nested too deeply to read"):
+        load_script(str(tmp_path / "replies.yaml"))
 
 
 def test_default_yaml_is_the_settings_models_with_a_comment_per_key():

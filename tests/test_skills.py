@@ -36,6 +36,7 @@ def skills_root(tmp_path):
     skill(root, "two-lines", "---\nname: two-lines\ndescription: |\n  first\n  second\n---\nbody\n")
     skill(root, "empty-body", "---\nname: empty-body\ndescription: nothing below\n---\n\n")
     skill(root, "broken-yaml", "---\nname: [broken\n---\nbody\n")
+    skill(root, "too-deep", "---\nname: too-deep\ndescription: " + "[" * 3000 + "]" * 3000 + "\n---\nbody\n")
     skill(root, "missing", None)
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.txt").write_text("not for skills\n")
@@ -45,7 +46,8 @@ def skills_root(tmp_path):
 
 PROBLEMS = {"no-front": "does not start with front matter", "Mixed": "its name 'mixed' is not its folder's ('Mixed')",
             "two-lines": "its description must be one line", "empty-body": "has no instructions after its front matter",
-            "broken-yaml": "its front matter is not valid YAML", "missing": "no SKILL.md"}
+            "broken-yaml": "its front matter is not valid YAML", "missing": "no SKILL.md",
+            "too-deep": "its front matter is nested too deeply to read"}
 
 
 def test_skills_are_listed_read_from_the_shell_and_malformed_ones_reported(cli, server, tmp_path):

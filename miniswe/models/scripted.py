@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from miniswe.config import ModelConfig, Text
+from miniswe.config import TOO_DEEP, ModelConfig, Text
 from miniswe.errors import ConfigError, ModelError
 from miniswe.models import Reply, ToolCall
 from miniswe.usage import call_usage
@@ -33,6 +33,8 @@ def load_script(path: str) -> list[Any]:
     except (ValueError, yaml.YAMLError) as error:
         raise ConfigError(f"model.script: {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
                           f"{' '.join(str(error).split())[:160]}") from None
+    except RecursionError:
+        raise ConfigError(f"model.script: {path}: {TOO_DEEP}") from None
     if not isinstance(replies, list):
         raise ConfigError(f"model.script: {path} must hold a list of replies")
     for index, item in enumerate(replies):
